@@ -1,0 +1,132 @@
+package pake
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func login(t *testing.T, k *ServerKeys, record []byte, locator string, pw, serverCtx, clientCtx, clientServerID []byte) error {
+	t.Helper()
+	cl, ke1, err := Start(clientCtx, locator, pw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ke1) != KE1Size {
+		t.Fatalf("KE1 %d bytes", len(ke1))
+	}
+	ke2, sl, err := k.Respond(serverCtx, bytes.Repeat([]byte{7}, 32), locator, ke1, record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ke2) != KE2Size {
+		t.Fatalf("KE2 %d bytes", len(ke2))
+	}
+	ke3, err := cl.Finish(ke2, clientServerID, LightestKSF)
+	if err != nil {
+		return err
+	}
+	if len(ke3) != KE3Size {
+		t.Fatalf("KE3 %d bytes", len(ke3))
+	}
+	if err := sl.Finish(ke3); err != nil {
+		t.Fatalf("server rejected a KE3 the client produced: %v", err)
+	}
+	return nil
+}
+
+func TestLogin(t *testing.T) {
+	k, err := GenerateServerKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, err := DecodeServerKeys(k.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := bytes.Repeat([]byte{7}, 32)
+	otherFP := bytes.Repeat([]byte{8}, 32)
+	rec, err := k.Mint("4F", []byte("4F7K2Q9MXZT"), fp, LightestKSF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec) != RecordSize {
+		t.Fatalf("record %d bytes", len(rec))
+	}
+	ctxA := BindingContext(bytes.Repeat([]byte{1}, 32))
+	ctxB := BindingContext(bytes.Repeat([]byte{2}, 32))
+	for _, tc := range []struct {
+		name         string
+		keys         *ServerKeys
+		record       []byte
+		locator, pw  string
+		sctx, cctx   []byte
+		clientSrvID  []byte
+		wantAccepted bool
+	}{
+		{"right code", k, rec, "4F", "4F7K2Q9MXZT", ctxA, ctxA, fp, true},
+		{"keys reloaded from file", k2, rec, "4F", "4F7K2Q9MXZT", ctxA, ctxA, fp, true},
+		{"wrong code", k, rec, "4F", "4F7K2Q9MXZV", ctxA, ctxA, fp, false},
+		{"relay: exporters differ", k, rec, "4F", "4F7K2Q9MXZT", ctxA, ctxB, fp, false},
+		{"other CA fingerprint", k, rec, "4F", "4F7K2Q9MXZT", ctxA, ctxA, otherFP, false},
+		{"other locator", k, rec, "4G", "4F7K2Q9MXZT", ctxA, ctxA, fp, false},
+		{"unknown locator, fake record", k, nil, "4F", "4F7K2Q9MXZT", ctxA, ctxA, fp, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := login(t, tc.keys, tc.record, tc.locator, []byte(tc.pw), tc.sctx, tc.cctx, tc.clientSrvID)
+			if tc.wantAccepted && err != nil {
+				t.Fatalf("login failed: %v", err)
+			}
+			if !tc.wantAccepted && !errors.Is(err, ErrNotAccepted) {
+				t.Fatalf("login: %v, want ErrNotAccepted", err)
+			}
+		})
+	}
+}
+
+func TestFakeRecordStable(t *testing.T) {
+	k, _ := GenerateServerKeys()
+	ctx := BindingContext(make([]byte, 32))
+	_, ke1, _ := Start(ctx, "ZZ", []byte("anything"))
+	a, _, err := k.Respond(ctx, make([]byte, 32), "ZZ", ke1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, _ := k.Respond(ctx, make([]byte, 32), "ZZ", ke1, nil)
+	c, _, _ := k.Respond(ctx, make([]byte, 32), "ZY", ke1, nil)
+	// the first 32 bytes of KE2 are the OPRF evaluation of the blinded element
+	if !bytes.Equal(a[:32], b[:32]) {
+		t.Fatal("same blinded element got two different evaluations for one unknown locator")
+	}
+	if bytes.Equal(a[:32], c[:32]) {
+		t.Fatal("two unknown locators share an OPRF key")
+	}
+	if !bytes.Equal(k.fakeRecord("ZZ").Serialize(), k.fakeRecord("ZZ").Serialize()) {
+		t.Fatal("fake record not stable")
+	}
+}
+
+func TestKSFBounds(t *testing.T) {
+	for _, p := range []KSFParams{{0, 8192, 1}, {1, 1024, 1}, {1, 8192, 0}, {1, 2 << 20, 1}} {
+		if p.Check() == nil {
+			t.Errorf("%+v accepted", p)
+		}
+	}
+	if DefaultKSF.Check() != nil || LightestKSF.Check() != nil {
+		t.Fatal("defaults rejected")
+	}
+}
+
+func BenchmarkRespond(b *testing.B) {
+	k, _ := GenerateServerKeys()
+	fp := make([]byte, 32)
+	rec, _ := k.Mint("4F", []byte("4F7K2Q9MXZT"), fp, LightestKSF)
+	ctx := BindingContext(make([]byte, 32))
+	_, ke1, _ := Start(ctx, "4F", []byte("4F7K2Q9MXZT"))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := k.Respond(ctx, fp, "4F", ke1, rec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+// Package store is the durable state of a Stratum Join listener: a small
+// key-value interface whose only write is an atomic compare-and-swap
+// transaction on per-key modification revisions, so the same join logic is
+// correct on one bbolt file and on an etcd cluster shared by several listeners.
+//
+// Backends register themselves by URL scheme (bolt:/var/lib/stratum/state.db,
+// etcd://10.0.0.1:2379,10.0.0.2:2379) and are opened with Open. Every backend
+// passes the one conformance suite in package storetest.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"sync"
+)
+
+// KV is one stored key. Rev is the revision of the transaction that last
+// wrote it; it is never 0 for a key that exists.
+type KV struct {
+	Key   string
+	Value []byte
+	Rev   int64
+}
+
+// Cmp holds when Key's current modification revision equals Rev. Rev 0
+// means "the key does not exist".
+type Cmp struct {
+	Key string
+	Rev int64
+}
+
+// Op writes Value to Key, or deletes Key when Delete is set.
+type Op struct {
+	Key    string
+	Value  []byte
+	Delete bool
+}
+
+// Store is implemented by each backend. Values returned are copies the
+// caller owns.
+type Store interface {
+	// Get returns the key; a missing key is KV{Key: key} with Rev 0 and no error.
+	Get(ctx context.Context, key string) (KV, error)
+	// List returns up to limit keys (limit <= 0: all) that start with
+	// prefix and sort strictly after the key `after` ("" = from the start),
+	// in ascending key order.
+	List(ctx context.Context, prefix, after string, limit int) ([]KV, error)
+	// Txn applies every op atomically and durably if every cmp holds, and
+	// reports whether it did. An error means the outcome is unknown.
+	Txn(ctx context.Context, cmps []Cmp, ops []Op) (bool, error)
+	Close() error
+}
+
+// ErrUnknownScheme is returned by Open for a URL no backend registered.
+var ErrUnknownScheme = errors.New("unknown store scheme")
+
+// Opener opens a backend from its parsed URL.
+type Opener func(ctx context.Context, u *url.URL) (Store, error)
+
+var (
+	mu      sync.Mutex
+	openers = map[string]Opener{}
+)
+
+// Register makes a backend available to Open under scheme. It panics on a
+// duplicate, as database/sql does.
+func Register(scheme string, open Opener) {
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := openers[scheme]; dup {
+		panic("store: backend registered twice: " + scheme)
+	}
+	openers[scheme] = open
+}
+
+// Schemes lists the registered backends.
+func Schemes() []string {
+	mu.Lock()
+	defer mu.Unlock()
+	var s []string
+	for k := range openers {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
+
+// Open opens the store that rawURL names.
+func Open(ctx context.Context, rawURL string) (Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse store url: %w", err)
+	}
+	mu.Lock()
+	open, ok := openers[u.Scheme]
+	mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("%w %q (have %v)", ErrUnknownScheme, u.Scheme, Schemes())
+	}
+	return open(ctx, u)
+}

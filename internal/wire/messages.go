@@ -1,0 +1,199 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/stratumjoin/stratum/internal/pake"
+)
+
+var locatorRE = regexp.MustCompile(`^[A-Za-z0-9_-]{2,64}$`)
+
+// Hello opens a join: which record, and the first OPAQUE message.
+type Hello struct {
+	Version uint   `cbor:"1,keyasint"`
+	Locator string `cbor:"2,keyasint"`
+	KE1     []byte `cbor:"3,keyasint"`
+}
+
+func (*Hello) Type() byte { return TypeHello }
+
+func (m *Hello) Check() error {
+	switch {
+	case m.Version != Version:
+		return fmt.Errorf("protocol version %d, this listener speaks %d", m.Version, Version)
+	case !locatorRE.MatchString(m.Locator):
+		return errors.New("malformed locator")
+	case len(m.KE1) != pake.KE1Size:
+		return fmt.Errorf("KE1 is %d bytes, want %d", len(m.KE1), pake.KE1Size)
+	}
+	return nil
+}
+
+// Challenge answers Hello. CAChain holds the CA certificates (DER) the
+// record was minted under, issuing CA first and root last; the agent
+// derives the OPAQUE server identity from the root. KSF are the key
+// stretching parameters the record was minted with.
+type Challenge struct {
+	KE2     []byte         `cbor:"1,keyasint"`
+	CAChain [][]byte       `cbor:"2,keyasint"`
+	KSF     pake.KSFParams `cbor:"3,keyasint"`
+}
+
+func (*Challenge) Type() byte { return TypeChallenge }
+
+func (m *Challenge) Check() error {
+	if len(m.KE2) != pake.KE2Size {
+		return fmt.Errorf("KE2 is %d bytes, want %d", len(m.KE2), pake.KE2Size)
+	}
+	if err := checkCerts("caChain", m.CAChain); err != nil {
+		return err
+	}
+	return m.KSF.Check()
+}
+
+// Proof finishes the PAKE and asks for a certificate for the CSR's key.
+type Proof struct {
+	KE3   []byte `cbor:"1,keyasint"`
+	CSR   []byte `cbor:"2,keyasint"`
+	Facts Facts  `cbor:"3,keyasint"`
+}
+
+func (*Proof) Type() byte { return TypeProof }
+
+func (m *Proof) Check() error {
+	switch {
+	case len(m.KE3) != pake.KE3Size:
+		return fmt.Errorf("KE3 is %d bytes, want %d", len(m.KE3), pake.KE3Size)
+	case len(m.CSR) == 0 || len(m.CSR) > 8<<10:
+		return fmt.Errorf("CSR is %d bytes, want 1..8192", len(m.CSR))
+	}
+	return m.Facts.Check()
+}
+
+// Renew asks for a fresh certificate over a mutually authenticated
+// ALPNNode connection.
+type Renew struct {
+	CSR []byte `cbor:"1,keyasint"`
+}
+
+func (*Renew) Type() byte { return TypeRenew }
+
+func (m *Renew) Check() error {
+	if len(m.CSR) == 0 || len(m.CSR) > 8<<10 {
+		return fmt.Errorf("CSR is %d bytes, want 1..8192", len(m.CSR))
+	}
+	return nil
+}
+
+// Result statuses.
+const (
+	StatusJoined  = "joined"
+	StatusPending = "pending"
+	StatusRefused = "refused"
+)
+
+// Refusal codes a Result carries. Before a proven PAKE nothing is ever
+// refused by name: the stream is just closed.
+const (
+	CodeStale            = "JOIN_CODE_STALE"
+	CodeExpired          = "JOIN_CODE_EXPIRED"
+	CodeRevoked          = "JOIN_CODE_REVOKED"
+	CodeUsedUp           = "JOIN_CODE_USED_UP"
+	CodeIdentityMismatch = "JOIN_IDENTITY_MISMATCH"
+	CodeNodeExists       = "NODE_EXISTS"
+	CodeApprovalRefused  = "JOIN_APPROVAL_REFUSED"
+	CodeBadCSR           = "CSR_INVALID"
+	CodeNodeRevoked      = "NODE_REVOKED"
+	CodeNodeUnknown      = "NODE_UNKNOWN"
+	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
+	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
+)
+
+// Retryable reports whether a refusal code is transient.
+func Retryable(code string) bool { return code == CodeUnavailable }
+
+// Host is what a join key assigns (seed 003): network, role, tags, the
+// overlay addresses and the host name.
+type Host struct {
+	Name      string   `cbor:"1,keyasint" json:"name"`
+	NetworkID string   `cbor:"2,keyasint" json:"networkID"`
+	RoleID    string   `cbor:"3,keyasint,omitempty" json:"roleID,omitempty"`
+	Tags      []string `cbor:"4,keyasint,omitempty" json:"tags,omitempty"`
+	Addresses []string `cbor:"5,keyasint,omitempty" json:"addresses,omitempty"`
+}
+
+// Result ends a join or a renewal, or says it is pending.
+type Result struct {
+	Status     string   `cbor:"1,keyasint"`
+	Code       string   `cbor:"2,keyasint,omitempty"`
+	Message    string   `cbor:"3,keyasint,omitempty"`
+	JoinID     string   `cbor:"4,keyasint,omitempty"`
+	NodeID     string   `cbor:"5,keyasint,omitempty"`
+	CertChain  [][]byte `cbor:"6,keyasint,omitempty"`
+	CABundle   [][]byte `cbor:"7,keyasint,omitempty"`
+	Role       string   `cbor:"8,keyasint,omitempty"`
+	Trust      string   `cbor:"9,keyasint,omitempty"`
+	RenewAfter int64    `cbor:"10,keyasint,omitempty"` // unix seconds
+	Host       *Host    `cbor:"11,keyasint,omitempty"`
+}
+
+func (*Result) Type() byte { return TypeResult }
+
+func (m *Result) Check() error {
+	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 {
+		return errors.New("oversized field")
+	}
+	switch m.Status {
+	case StatusJoined:
+		if m.NodeID == "" || m.Role == "" || m.Trust == "" || m.RenewAfter <= 0 {
+			return errors.New("joined result lacks node id, role, trust or renewal time")
+		}
+		if err := checkCerts("certChain", m.CertChain); err != nil {
+			return err
+		}
+		return checkCerts("caBundle", m.CABundle)
+	case StatusPending:
+		if m.JoinID == "" {
+			return errors.New("pending result lacks a join id")
+		}
+	case StatusRefused:
+		if m.Code == "" {
+			return errors.New("refused result lacks a code")
+		}
+	default:
+		return fmt.Errorf("unknown status %q", m.Status)
+	}
+	return nil
+}
+
+func checkCerts(name string, certs [][]byte) error {
+	if len(certs) == 0 || len(certs) > 8 {
+		return fmt.Errorf("%s has %d certificates, want 1..8", name, len(certs))
+	}
+	for _, c := range certs {
+		if len(c) == 0 || len(c) > 8<<10 {
+			return fmt.Errorf("%s holds a certificate of %d bytes", name, len(c))
+		}
+	}
+	return nil
+}
+
+// Check bounds the claimed facts.
+func (f *Facts) Check() error {
+	for _, s := range []string{f.ProductUUID, f.Serial, f.BoardSerial, f.Vendor, f.ProductName, f.Hostname} {
+		if len(s) > 256 {
+			return errors.New("fact longer than 256 bytes")
+		}
+	}
+	if len(f.MACs) > 64 || len(f.GPUUUIDs) > 64 {
+		return errors.New("too many MACs or GPUs")
+	}
+	for _, s := range append(append([]string(nil), f.MACs...), f.GPUUUIDs...) {
+		if len(s) > 128 {
+			return errors.New("fact longer than 128 bytes")
+		}
+	}
+	return nil
+}
