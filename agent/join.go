@@ -1,0 +1,293 @@
+// Package agent is the node side of Stratum Join: the one-shot join, the
+// service loop that keeps a node joined (renewal, approval, CA rotation),
+// and the state directory that holds the node's key and pinned CA.
+//
+// The join secret never leaves this process: the agent proves it with
+// OPAQUE, learns the cluster CA through the PAKE, checks the listener's
+// QUIC certificate against it, and only then sends its CSR.
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// MaxPAKEFailures is how many failed PAKE exchanges the agent spends on
+// one code before it gives up for good.
+const MaxPAKEFailures = 3
+
+// JoinConfig is what one join needs.
+type JoinConfig struct {
+	StateDir string
+	Endpoint string
+	Secret   joincode.Secret
+	// CAFingerprint, when set, must match the root learned through the PAKE.
+	CAFingerprint string
+	Facts         wire.Facts
+	Logger        *slog.Logger
+	Now           func() time.Time
+	// OnPending is called when the listener holds the join for approval.
+	OnPending func(joinID string)
+	// DialTimeout bounds reaching the listener (default 10s).
+	DialTimeout time.Duration
+	// Dial overrides the QUIC dial (tests use it to dial through a relay).
+	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+}
+
+// Errors a join can end with. RefusedError carries the listener's reason.
+var (
+	// ErrNotAccepted: the PAKE failed; the code is wrong or the listener
+	// is not the one that minted it. Nothing was sent after it.
+	ErrNotAccepted = pake.ErrNotAccepted
+	// ErrGaveUp: MaxPAKEFailures were spent on this code.
+	ErrGaveUp = errors.New("gave up on this code after 3 failed attempts: check it, or ask for a new one")
+	// ErrNotAuthentic: the listener proved the code but its QUIC
+	// certificate does not chain to the CA the code commits to.
+	ErrNotAuthentic = errors.New("the listener is not authentic: its certificate does not chain to the CA the code was minted under")
+)
+
+// RefusedError is a refusal the listener named after a proven PAKE.
+type RefusedError struct {
+	Code    string
+	Message string
+}
+
+func (e *RefusedError) Error() string { return e.Message + " (" + e.Code + ")" }
+
+// Retryable reports whether trying again later may succeed.
+func (e *RefusedError) Retryable() bool { return wire.Retryable(e.Code) }
+
+// UnreachableError means the listener could not be reached or the
+// connection broke: worth retrying.
+type UnreachableError struct{ Err error }
+
+func (e *UnreachableError) Error() string { return "could not reach the listener: " + e.Err.Error() }
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// Joined is a successful join.
+type Joined struct {
+	Identity Identity
+	Chain    []*x509.Certificate
+}
+
+func (c *JoinConfig) defaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.Dial == nil {
+		c.Dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
+			return quic.DialAddr(ctx, ep, t, q)
+		}
+	}
+}
+
+// Join runs one join against cfg.Endpoint and, on success, writes the
+// node's credentials into the state directory.
+func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
+	cfg.defaults()
+	st := State{Dir: cfg.StateDir}
+	if n := st.failures(cfg.Secret.Locator); n >= MaxPAKEFailures {
+		return nil, ErrGaveUp
+	}
+	key, err := st.Key()
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	conn, err := cfg.Dial(dctx, cfg.Endpoint, &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{wire.ALPNJoin},
+		// The CA is not known yet: it is learned through the PAKE, and
+		// the certificate is checked against it before anything but the
+		// OPAQUE messages is sent.
+		InsecureSkipVerify: true,
+	}, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second})
+	cancel()
+	if err != nil {
+		return nil, &UnreachableError{err}
+	}
+	defer conn.CloseWithError(0, "")
+	cs := conn.ConnectionState()
+	exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	if err != nil {
+		return nil, fmt.Errorf("tls exporter: %w", err)
+	}
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return nil, &UnreachableError{err}
+	}
+	var peer [][]byte
+	for _, c := range cs.TLS.PeerCertificates {
+		peer = append(peer, c.Raw)
+	}
+	j, err := exchange(ctx, str, exporter, peer, key, &cfg)
+	if errors.Is(err, ErrNotAccepted) {
+		conn.CloseWithError(0x102, "")
+		n := st.failures(cfg.Secret.Locator) + 1
+		_ = st.setFailures(cfg.Secret.Locator, n)
+		if n >= MaxPAKEFailures {
+			return nil, fmt.Errorf("%w (%w)", ErrGaveUp, err)
+		}
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	_ = st.setFailures(cfg.Secret.Locator, 0)
+	return j, nil
+}
+
+// exchange is the join protocol over one stream; QUIC is only its carrier.
+func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
+	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password())
+	if err != nil {
+		return nil, err
+	}
+	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1}); err != nil {
+		return nil, &UnreachableError{err}
+	}
+	var ch wire.Challenge
+	if err := wire.Read(str, &ch); err != nil {
+		if errors.Is(err, wire.ErrFrame) {
+			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
+		}
+		return nil, &UnreachableError{err}
+	}
+	caChain, err := parseCerts(ch.CAChain)
+	if err != nil {
+		return nil, fmt.Errorf("listener sent a malformed CA chain: %w", err)
+	}
+	root := caChain[len(caChain)-1]
+	fp := sha256.Sum256(root.Raw)
+	if cfg.CAFingerprint != "" {
+		want, err := pki.ParseFingerprint(cfg.CAFingerprint)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-fingerprint: %w", err)
+		}
+		if want != fp {
+			return nil, fmt.Errorf("%w: it presents CA %s, not the pinned %s", ErrNotAuthentic, pki.FormatFingerprint(fp), pki.FormatFingerprint(want))
+		}
+	}
+	ke3, err := login.Finish(ch.KE2, fp[:], ch.KSF)
+	if err != nil {
+		return nil, err
+	}
+	// The PAKE proved the listener holds a record committing to this
+	// root; now the QUIC server must chain to it too.
+	raw := append(append([][]byte(nil), peerCerts...), ch.CAChain[:len(ch.CAChain)-1]...)
+	_, trustDomain, err := pki.VerifyListenerChain(raw, []*x509.Certificate{root}, "", cfg.Now())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotAuthentic, err)
+	}
+	csr, err := CSR(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}); err != nil {
+		return nil, &UnreachableError{err}
+	}
+	for {
+		var res wire.Result
+		if err := wire.Read(str, &res); err != nil {
+			if errors.Is(err, wire.ErrFrame) {
+				return nil, fmt.Errorf("listener sent a malformed result: %w", err)
+			}
+			return nil, &UnreachableError{err}
+		}
+		switch res.Status {
+		case wire.StatusPending:
+			if cfg.OnPending != nil {
+				cfg.OnPending(res.JoinID)
+			}
+			continue
+		case wire.StatusRefused:
+			return nil, &RefusedError{Code: res.Code, Message: res.Message}
+		}
+		return accept(&res, root, trustDomain, key, cfg)
+	}
+}
+
+// accept checks a joined Result and stores the credentials.
+func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
+	chain, err := parseCerts(res.CertChain)
+	if err != nil {
+		return nil, fmt.Errorf("listener sent a malformed certificate: %w", err)
+	}
+	bundle, err := parseCerts(res.CABundle)
+	if err != nil {
+		return nil, fmt.Errorf("listener sent a malformed CA bundle: %w", err)
+	}
+	// The learned root stays pinned; the bundle may add the roots of a
+	// rotation, which the authenticated listener vouches for.
+	roots := []*x509.Certificate{learnedRoot}
+	for _, r := range bundle {
+		if !r.Equal(learnedRoot) {
+			roots = append(roots, r)
+		}
+	}
+	leaf, err := pki.VerifyNodeChain(res.CertChain, roots, trustDomain, cfg.Now())
+	if err != nil {
+		return nil, fmt.Errorf("listener issued a certificate that does not verify: %w", err)
+	}
+	if !publicKeyMatches(leaf, key) {
+		return nil, errors.New("listener issued a certificate for another key")
+	}
+	nodeID, role, err := pki.NodeIdentity(leaf, trustDomain)
+	if err != nil || nodeID != res.NodeID || role != res.Role {
+		return nil, fmt.Errorf("listener's certificate names %s/%s, its result %s/%s", nodeID, role, res.NodeID, res.Role)
+	}
+	now := cfg.Now().UTC()
+	fp := sha256.Sum256(learnedRoot.Raw)
+	id := Identity{
+		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, TrustDomain: trustDomain,
+		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
+		JoinedAt: now, Host: res.Host,
+	}
+	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id); err != nil {
+		return nil, err
+	}
+	return &Joined{Identity: id, Chain: chain}, nil
+}
+
+func parseCerts(der [][]byte) ([]*x509.Certificate, error) {
+	out := make([]*x509.Certificate, 0, len(der))
+	for _, d := range der {
+		c, err := x509.ParseCertificate(d)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no certificates")
+	}
+	return out, nil
+}
+
+func publicKeyMatches(cert *x509.Certificate, key crypto.Signer) bool {
+	a, err1 := x509.MarshalPKIXPublicKey(cert.PublicKey)
+	b, err2 := x509.MarshalPKIXPublicKey(key.Public())
+	return err1 == nil && err2 == nil && bytes.Equal(a, b)
+}

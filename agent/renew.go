@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// RenewConfig is what one renewal needs.
+type RenewConfig struct {
+	StateDir    string
+	Now         func() time.Time
+	DialTimeout time.Duration
+}
+
+// Renew exchanges the node's current certificate (even one that expired
+// while the machine was off) for a new one over mutual TLS, and pins the
+// CA bundle the listener sends.
+func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	st := State{Dir: cfg.StateDir}
+	id, ok, err := st.Identity()
+	if err != nil {
+		return id, err
+	}
+	if !ok {
+		return id, errors.New("not joined")
+	}
+	key, err := st.Key()
+	if err != nil {
+		return id, err
+	}
+	chain, err := st.Chain()
+	if err != nil {
+		return id, err
+	}
+	roots, err := st.Roots()
+	if err != nil {
+		return id, err
+	}
+	tlsCert := tls.Certificate{PrivateKey: key, Leaf: chain[0]}
+	for _, c := range chain {
+		tlsCert.Certificate = append(tlsCert.Certificate, c.Raw)
+	}
+	tlsConf := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		NextProtos:   []string{wire.ALPNNode},
+		Certificates: []tls.Certificate{tlsCert},
+		// Verified below against the pinned roots and the listener's
+		// SPIFFE identity, not a host name.
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			_, _, err := pki.VerifyListenerChain(raw, roots, id.TrustDomain, cfg.Now())
+			return err
+		},
+	}
+	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	conn, err := quic.DialAddr(dctx, id.Endpoint, tlsConf, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second})
+	cancel()
+	if err != nil {
+		return id, &UnreachableError{err}
+	}
+	defer conn.CloseWithError(0, "")
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return id, &UnreachableError{err}
+	}
+	csr, err := CSR(key)
+	if err != nil {
+		return id, err
+	}
+	if err := wire.Write(str, &wire.Renew{CSR: csr}); err != nil {
+		return id, &UnreachableError{err}
+	}
+	var res wire.Result
+	if err := wire.Read(str, &res); err != nil {
+		if errors.Is(err, wire.ErrFrame) {
+			return id, fmt.Errorf("listener sent a malformed result: %w", err)
+		}
+		return id, &UnreachableError{err}
+	}
+	if res.Status != wire.StatusJoined {
+		return id, &RefusedError{Code: res.Code, Message: res.Message}
+	}
+	newChain, err := parseCerts(res.CertChain)
+	if err != nil {
+		return id, fmt.Errorf("listener sent a malformed certificate: %w", err)
+	}
+	bundle, err := parseCerts(res.CABundle)
+	if err != nil {
+		return id, fmt.Errorf("listener sent a malformed CA bundle: %w", err)
+	}
+	// The new certificate must chain to a root we already trust or to one
+	// the authenticated listener sends in the bundle.
+	leaf, err := pki.VerifyNodeChain(res.CertChain, bundle, id.TrustDomain, cfg.Now())
+	if err != nil {
+		return id, fmt.Errorf("renewed certificate does not verify: %w", err)
+	}
+	if !publicKeyMatches(leaf, key) {
+		return id, errors.New("listener renewed a certificate for another key")
+	}
+	if nodeID, _, err := pki.NodeIdentity(leaf, id.TrustDomain); err != nil || nodeID != id.NodeID {
+		return id, fmt.Errorf("renewed certificate names node %q, not %q", nodeID, id.NodeID)
+	}
+	issuerRoot := rootOf(leaf, newChain, bundle)
+	now := cfg.Now().UTC()
+	id.NotAfter, id.RenewAfter, id.LastRenewal, id.LastError = leaf.NotAfter, time.Unix(res.RenewAfter, 0).UTC(), &now, ""
+	id.Role, id.Trust = res.Role, res.Trust
+	if issuerRoot != nil {
+		id.CAFingerprint = pki.FormatFingerprint(pki.FingerprintOf(issuerRoot))
+	}
+	return id, st.saveCredentials(newChain, bundle, id)
+}
+
+// rootOf finds the root in bundle that the leaf's chain ends at.
+func rootOf(leaf *x509.Certificate, chain, bundle []*x509.Certificate) *x509.Certificate {
+	pool := x509.NewCertPool()
+	for _, r := range bundle {
+		pool.AddCert(r)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: leaf.NotBefore.Add(time.Minute)})
+	if err != nil || len(chains) == 0 {
+		return nil
+	}
+	c := chains[0]
+	return c[len(c)-1]
+}

@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/wire"
+)
+
+// Clock is the time source of the service loop; tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Notifier receives the service's state changes (sd_notify in production).
+type Notifier interface {
+	Ready(status string) error
+	Status(status string) error
+}
+
+// RunConfig wires the service loop.
+type RunConfig struct {
+	StateDir string
+	Endpoint string
+	// Secret returns the join secret when the node has no identity yet.
+	Secret func() (joincode.Secret, error)
+	// Facts collects the hardware identity to claim.
+	Facts         func(ctx context.Context) (wire.Facts, error)
+	CAFingerprint string
+	Notifier      Notifier
+	Clock         Clock
+	Logger        *slog.Logger
+	// Rand gives jitter in [0,1); tests may fix it.
+	Rand func() float64
+	// BackoffBase and BackoffMax bound the wait between transient failures
+	// (default 1s and 4m); each wait is drawn uniformly from [0, min(max,
+	// base*2^n)] ("full jitter"), so a fleet restarted together spreads out.
+	BackoffBase, BackoffMax time.Duration
+	// JoinDial lets tests route the join through something else.
+	JoinConfig func(*JoinConfig)
+}
+
+// ErrNeedsNewCode is returned when the listener no longer knows the node
+// and no code is at hand.
+var ErrNeedsNewCode = errors.New("the listener no longer knows this node: give it a new join code")
+
+func (c *RunConfig) defaults() {
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = time.Second
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 4 * time.Minute
+	}
+	if c.Notifier == nil {
+		c.Notifier = nopNotifier{}
+	}
+}
+
+type nopNotifier struct{}
+
+func (nopNotifier) Ready(string) error  { return nil }
+func (nopNotifier) Status(string) error { return nil }
+
+// Run keeps the node joined until ctx ends: it joins if needed (retrying
+// transient failures with jittered exponential backoff), says READY once
+// it holds a valid identity, and renews at 2/3 of each certificate's life
+// with jitter. A permanent refusal ends it with an error.
+func Run(ctx context.Context, cfg RunConfig) error {
+	cfg.defaults()
+	st := State{Dir: cfg.StateDir}
+	id, joined, err := st.Identity()
+	if err != nil {
+		return err
+	}
+	if !joined {
+		if id, err = runJoin(ctx, &cfg); err != nil {
+			return err
+		}
+	} else if !cfg.Clock.Now().Before(id.NotAfter) {
+		// expired while the machine was off: the listener renews it if it
+		// still knows the node
+		cfg.status("certificate expired at " + id.NotAfter.Format(time.RFC3339) + "; renewing")
+		if id, err = runRenew(ctx, &cfg); err != nil {
+			return err
+		}
+	}
+	_ = cfg.Notifier.Ready(joinedStatus(id))
+	for {
+		at := renewTime(id, cfg.Rand())
+		cfg.Logger.Info("next renewal", "at", at.Format(time.RFC3339), "nodeId", id.NodeID)
+		if err := sleep(ctx, cfg.Clock, at.Sub(cfg.Clock.Now())); err != nil {
+			return nil
+		}
+		cfg.status("renewing")
+		if id, err = runRenew(ctx, &cfg); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		cfg.status(joinedStatus(id))
+	}
+}
+
+func (c *RunConfig) status(s string) {
+	c.Logger.Info("state", "status", s)
+	_ = c.Notifier.Status(s)
+}
+
+func joinedStatus(id Identity) string {
+	return fmt.Sprintf("joined as %s until %s", id.NodeID, id.NotAfter.UTC().Format(time.RFC3339))
+}
+
+// renewTime is 2/3 of the certificate's life, moved by up to ±1/12 of the
+// life so that nodes joined together do not renew together.
+func renewTime(id Identity, r float64) time.Time {
+	life := id.NotAfter.Sub(id.JoinedAt)
+	if id.LastRenewal != nil {
+		life = id.NotAfter.Sub(*id.LastRenewal)
+	}
+	start := id.NotAfter.Add(-life)
+	jitter := time.Duration((r*2 - 1) * float64(life) / 12)
+	return start.Add(life*2/3 + jitter)
+}
+
+// Backoff returns the n-th (0-based) wait: uniform in [0, min(max, base*2^n)].
+func Backoff(n int, base, max time.Duration, r float64) time.Duration {
+	ceil := max
+	if n < 32 {
+		if d := base << n; d > 0 && d < max {
+			ceil = d
+		}
+	}
+	return time.Duration(r * float64(ceil))
+}
+
+func sleep(ctx context.Context, c Clock, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.After(d):
+		return nil
+	}
+}
+
+// transient reports whether an error is worth retrying.
+func transient(err error) bool {
+	var u *UnreachableError
+	var r *RefusedError
+	return errors.As(err, &u) || (errors.As(err, &r) && r.Retryable())
+}
+
+func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
+	if cfg.Secret == nil {
+		return Identity{}, errors.New("not joined and no join code given")
+	}
+	sec, err := cfg.Secret()
+	if err != nil {
+		return Identity{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		cfg.status("joining " + cfg.Endpoint)
+		var facts wire.Facts
+		if cfg.Facts != nil {
+			if facts, err = cfg.Facts(ctx); err != nil {
+				return Identity{}, err
+			}
+		}
+		jc := JoinConfig{
+			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts,
+			Logger: cfg.Logger, Now: cfg.Clock.Now,
+			OnPending: func(joinID string) { cfg.status("waiting for approval of join " + joinID) },
+		}
+		if cfg.JoinConfig != nil {
+			cfg.JoinConfig(&jc)
+		}
+		j, err := Join(ctx, jc)
+		if err == nil {
+			return j.Identity, nil
+		}
+		if ctx.Err() != nil {
+			return Identity{}, ctx.Err()
+		}
+		if !transient(err) {
+			cfg.status("refused: " + err.Error())
+			return Identity{}, err
+		}
+		wait := Backoff(attempt, cfg.BackoffBase, cfg.BackoffMax, cfg.Rand())
+		cfg.Logger.Warn("join failed, retrying", "err", err, "in", wait)
+		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+			return Identity{}, err
+		}
+	}
+}
+
+func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
+	st := State{Dir: cfg.StateDir}
+	for attempt := 0; ; attempt++ {
+		id, err := Renew(ctx, RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now})
+		if err == nil {
+			return id, nil
+		}
+		if ctx.Err() != nil {
+			return id, ctx.Err()
+		}
+		id.LastError = err.Error()
+		_ = st.saveIdentity(id)
+		if !transient(err) {
+			var r *RefusedError
+			if errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked) {
+				cfg.status("refused: " + r.Message)
+				return id, fmt.Errorf("%w: %w", ErrNeedsNewCode, err)
+			}
+			cfg.status("refused: " + err.Error())
+			return id, err
+		}
+		wait := Backoff(attempt, cfg.BackoffBase, cfg.BackoffMax, cfg.Rand())
+		cfg.Logger.Warn("renewal failed, retrying", "err", err, "in", wait)
+		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+			return id, err
+		}
+	}
+}

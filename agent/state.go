@@ -1,0 +1,176 @@
+package agent
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// File names in the state directory (DESIGN.md section 10).
+const (
+	KeyFile      = "node.key"
+	CertFile     = "node.crt"
+	CAFile       = "ca.pem"
+	NodeFile     = "node.json"
+	failuresFile = "failures.json"
+)
+
+// Identity is node.json: what the agent knows about itself.
+type Identity struct {
+	NodeID        string     `json:"nodeId"`
+	Role          string     `json:"role"`
+	Trust         string     `json:"trust"`
+	Endpoint      string     `json:"endpoint"`
+	TrustDomain   string     `json:"trustDomain"`
+	CAFingerprint string     `json:"caFingerprint"`
+	NotAfter      time.Time  `json:"notAfter"`
+	RenewAfter    time.Time  `json:"renewAfter"`
+	JoinedAt      time.Time  `json:"joinedAt"`
+	LastRenewal   *time.Time `json:"lastRenewal,omitempty"`
+	LastError     string     `json:"lastError,omitempty"`
+	Host          *wire.Host `json:"host,omitempty"`
+}
+
+// State is the agent's state directory (0700).
+type State struct{ Dir string }
+
+func (s State) path(name string) string { return filepath.Join(s.Dir, name) }
+
+// ensureDir creates the directory 0700, or tightens an existing one.
+func (s State) ensureDir() error {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	if err := os.Chmod(s.Dir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	return nil
+}
+
+// Key returns the node key, generating it on first use. It never leaves
+// this directory: only CSRs signed with it do.
+func (s State) Key() (crypto.Signer, error) {
+	if err := s.ensureDir(); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(s.path(KeyFile))
+	if err == nil {
+		return pki.ParsePrivateKeyPEM(b)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read node key: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate node key: %w", err)
+	}
+	pemBytes, err := pki.MarshalPrivateKeyPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := pki.WriteSecretFile(s.path(KeyFile), pemBytes); err != nil {
+		return nil, fmt.Errorf("write node key: %w", err)
+	}
+	return key, nil
+}
+
+// CSR makes a certificate request for the node key. It asks for nothing:
+// the listener decides every name.
+func CSR(key crypto.Signer) ([]byte, error) {
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "stratum-node"}}, key)
+	if err != nil {
+		return nil, fmt.Errorf("create csr: %w", err)
+	}
+	return der, nil
+}
+
+// Identity reads node.json; ok is false when the agent has not joined.
+func (s State) Identity() (id Identity, ok bool, err error) {
+	b, err := os.ReadFile(s.path(NodeFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return id, false, nil
+	}
+	if err != nil {
+		return id, false, fmt.Errorf("read %s: %w", NodeFile, err)
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		return id, false, fmt.Errorf("parse %s: %w", NodeFile, err)
+	}
+	return id, true, nil
+}
+
+// saveIdentity writes node.json atomically.
+func (s State) saveIdentity(id Identity) error {
+	b, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	return pki.WriteFile(s.path(NodeFile), append(b, '\n'), 0o600)
+}
+
+// saveCredentials writes node.crt and ca.pem, then node.json, each
+// atomically: a crash leaves either the old identity or the new one.
+func (s State) saveCredentials(chain, roots []*x509.Certificate, id Identity) error {
+	if err := pki.WriteFile(s.path(CertFile), pki.EncodeCertsPEM(chain), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", CertFile, err)
+	}
+	if err := pki.WriteFile(s.path(CAFile), pki.EncodeCertsPEM(roots), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", CAFile, err)
+	}
+	return s.saveIdentity(id)
+}
+
+// Roots reads the pinned CA bundle.
+func (s State) Roots() ([]*x509.Certificate, error) {
+	b, err := os.ReadFile(s.path(CAFile))
+	if err != nil {
+		return nil, fmt.Errorf("read pinned ca: %w", err)
+	}
+	return pki.ParseCertsPEM(b)
+}
+
+// Chain reads node.crt.
+func (s State) Chain() ([]*x509.Certificate, error) {
+	b, err := os.ReadFile(s.path(CertFile))
+	if err != nil {
+		return nil, fmt.Errorf("read node certificate: %w", err)
+	}
+	return pki.ParseCertsPEM(b)
+}
+
+// failures counts PAKE failures per locator (public), so a service that
+// restarts does not keep spending a code's attempts.
+func (s State) failures(locator string) int {
+	m := map[string]int{}
+	if b, err := os.ReadFile(s.path(failuresFile)); err == nil {
+		_ = json.Unmarshal(b, &m)
+	}
+	return m[locator]
+}
+
+func (s State) setFailures(locator string, n int) error {
+	m := map[string]int{}
+	if b, err := os.ReadFile(s.path(failuresFile)); err == nil {
+		_ = json.Unmarshal(b, &m)
+	}
+	if n == 0 {
+		delete(m, locator)
+	} else {
+		m[locator] = n
+	}
+	b, _ := json.Marshal(m)
+	return pki.WriteFile(s.path(failuresFile), b, 0o600)
+}

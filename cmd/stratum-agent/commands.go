@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/hwid"
+	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/systemd"
+)
+
+// exitError carries an exit status.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usage(format string, a ...any) error {
+	return &exitError{2, fmt.Errorf(format, a...)}
+}
+
+func exitCode(err error) int {
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	var unreachable *agent.UnreachableError
+	if errors.As(err, &unreachable) {
+		return 3
+	}
+	var refused *agent.RefusedError
+	if errors.As(err, &refused) && refused.Retryable() {
+		return 3
+	}
+	return 1
+}
+
+var jsonOut bool
+
+func rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "stratum-agent",
+		Short:         "Stratum Join agent: joins this machine to a cluster with a join code",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
+	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	return root
+}
+
+func noArgs(cmd *cobra.Command, a []string) error {
+	if len(a) > 0 {
+		return usage("%s takes no arguments (got %q)", cmd.CommandPath(), a[0])
+	}
+	return nil
+}
+
+type hwidFlags struct {
+	root string
+	nics []string
+}
+
+func (h *hwidFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&h.root, "root", "/", "filesystem root to read DMI below (tests point it at a sysfs tree)")
+	cmd.Flags().StringSliceVar(&h.nics, "nic", nil, "count this interface as a NIC even if it is virtual (repeatable)")
+}
+
+func (h *hwidFlags) collect(ctx context.Context, logger *slog.Logger) (hwid.Report, error) {
+	return hwid.Collect(ctx, hwid.Config{Root: h.root, IncludeInterfaces: h.nics, Logger: logger})
+}
+
+// readSecret takes the code from --code-file, --code - (stdin), --code X
+// (with a warning), the systemd credential, or a TTY prompt.
+func readSecret(cmd *cobra.Command, code, codeFile string) (joincode.Secret, error) {
+	var raw string
+	switch {
+	case code != "" && codeFile != "":
+		return joincode.Secret{}, usage("give --code or --code-file, not both")
+	case codeFile != "":
+		b, err := os.ReadFile(codeFile)
+		if err != nil {
+			return joincode.Secret{}, usage("read --code-file: %w", err)
+		}
+		raw = string(b)
+	case code == "-":
+		line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return joincode.Secret{}, usage("read the code from stdin: %w", err)
+		}
+		raw = line
+	case code != "":
+		fmt.Fprintln(cmd.ErrOrStderr(), "warning: a code given on the command line is visible to every user through ps; prefer --code - or --code-file")
+		raw = code
+	default:
+		if b, ok, err := systemd.Credential(systemd.JoinCodeCredential); err != nil {
+			return joincode.Secret{}, err
+		} else if ok {
+			raw = string(b)
+			break
+		}
+		if !term.IsTerminal(int(os.Stdin.Fd())) {
+			return joincode.Secret{}, usage("no code given: use --code-file F, --code - (stdin), or run on a terminal to be asked")
+		}
+		fmt.Fprint(cmd.ErrOrStderr(), "join code: ")
+		b, err := term.ReadPassword(int(os.Stdin.Fd()))
+		fmt.Fprintln(cmd.ErrOrStderr())
+		if err != nil {
+			return joincode.Secret{}, usage("read the code: %w", err)
+		}
+		raw = string(b)
+	}
+	sec, err := joincode.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return joincode.Secret{}, usage("%w", err)
+	}
+	return sec, nil
+}
+
+func logger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func joinCommand() *cobra.Command {
+	var cfg agent.JoinConfig
+	var code, codeFile string
+	var hw hwidFlags
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
+		Short: "join this machine once and write its identity to the state directory",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Endpoint == "" {
+				return usage("--endpoint is required")
+			}
+			sec, err := readSecret(cmd, code, codeFile)
+			if err != nil {
+				return err
+			}
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelDebug
+			}
+			cfg.Logger = logger(level)
+			rep, err := hw.collect(cmd.Context(), cfg.Logger)
+			if err != nil {
+				return err
+			}
+			cfg.Secret, cfg.Facts = sec, rep.Facts
+			cfg.OnPending = func(joinID string) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "waiting for approval of join %s (an admin runs: stratum-listener joins approve %s)\n", joinID, joinID)
+			}
+			j, err := agent.Join(cmd.Context(), cfg)
+			if err != nil {
+				return explain(err)
+			}
+			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
+		},
+	}
+	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port")
+	cmd.Flags().StringVar(&code, "code", "", "the join code; - reads it from stdin (on the command line, ps shows it)")
+	cmd.Flags().StringVar(&codeFile, "code-file", "", "read the join code from this file")
+	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
+	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another")
+	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
+	hw.register(cmd)
+	return cmd
+}
+
+// explain turns an error into the sentence the operator reads.
+func explain(err error) error {
+	var refused *agent.RefusedError
+	var unreachable *agent.UnreachableError
+	switch {
+	case errors.Is(err, agent.ErrGaveUp):
+		return &exitError{1, err}
+	case errors.Is(err, agent.ErrNotAccepted):
+		return &exitError{1, fmt.Errorf("code not accepted, or the listener is not authentic; check the code and the endpoint")}
+	case errors.Is(err, agent.ErrNotAuthentic):
+		return &exitError{1, err}
+	case errors.As(err, &refused):
+		if refused.Retryable() {
+			return &exitError{3, fmt.Errorf("the listener is busy: %s", refused.Message)}
+		}
+		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
+	case errors.As(err, &unreachable):
+		return &exitError{3, err}
+	}
+	return err
+}
+
+func printJoined(w io.Writer, stateDir string, id agent.Identity) error {
+	if jsonOut {
+		return json.NewEncoder(w).Encode(id)
+	}
+	fmt.Fprintf(w, "joined as %s (role %s, trust %s)\n", id.NodeID, id.Role, id.Trust)
+	fmt.Fprintf(w, "pinned CA  %s\n", id.CAFingerprint)
+	fmt.Fprintf(w, "certificate valid until %s, renewal after %s\n", id.NotAfter.Format(time.RFC3339), id.RenewAfter.Format(time.RFC3339))
+	fmt.Fprintf(w, "identity in %s\n", stateDir)
+	return nil
+}
+
+func hwidCommand() *cobra.Command {
+	var hw hwidFlags
+	cmd := &cobra.Command{
+		Use:   "hwid [--root DIR]",
+		Short: "print the hardware identity this machine would claim",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := hw.collect(cmd.Context(), nil)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			return rep.WriteText(cmd.OutOrStdout())
+		},
+	}
+	hw.register(cmd)
+	return cmd
+}
+
+func statusCommand() *cobra.Command {
+	var stateDir string
+	cmd := &cobra.Command{
+		Use:   "status [--state DIR]",
+		Short: "print this node's identity",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			id, ok, err := agent.State{Dir: stateDir}.Identity()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				if jsonOut {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"joined": false})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "not joined (no identity in %s)\n", stateDir)
+				return &exitError{1, errors.New("not joined")}
+			}
+			if jsonOut {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(id)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "node         %s\nrole         %s\ntrust        %s\nendpoint     %s\npinned CA    %s\ncert expires %s\n", id.NodeID, id.Role, id.Trust, id.Endpoint, id.CAFingerprint, id.NotAfter.Format(time.RFC3339))
+			if id.LastRenewal != nil {
+				fmt.Fprintf(w, "last renewal %s\n", id.LastRenewal.Format(time.RFC3339))
+			}
+			if id.LastError != "" {
+				fmt.Fprintf(w, "last error   %s\n", id.LastError)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
+	return cmd
+}
+
+func runCommand() *cobra.Command {
+	var cfg agent.RunConfig
+	var codeFile string
+	var hw hwidFlags
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
+		Short: "keep this machine joined: join if needed, then renew (the systemd service)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usage("--log-level: %w", err)
+			}
+			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && cfg.Endpoint == "" {
+				cfg.Endpoint = id.Endpoint
+			}
+			if cfg.Endpoint == "" {
+				return usage("--endpoint is required until the node has joined")
+			}
+			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
+			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
+				rep, err := hw.collect(ctx, cfg.Logger)
+				return rep.Facts, err
+			}
+			n := systemd.NewNotifier(cfg.Logger)
+			cfg.Notifier = n
+			if iv, err := systemd.WatchdogInterval(); err == nil && iv > 0 {
+				go n.RunWatchdog(cmd.Context(), iv)
+			}
+			err := agent.Run(cmd.Context(), cfg)
+			_ = n.Stopping()
+			if err != nil {
+				return explain(err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
+	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port (remembered after joining)")
+	cmd.Flags().StringVar(&codeFile, "code-file", "", "join code file (default: the systemd credential join-code)")
+	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	hw.register(cmd)
+	return cmd
+}

@@ -1,0 +1,447 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/pake"
+	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
+	_ "github.com/stratumjoin/stratum/internal/store/etcdstore" // etcd:// store
+	"github.com/stratumjoin/stratum/listener"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/adminclient"
+	"github.com/stratumjoin/stratum/systemd"
+)
+
+type usageError struct{ error }
+
+var jsonOut bool
+
+func rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "stratum-listener",
+		Short:         "Stratum Join listener: joins machines to the cluster with short codes proven by OPAQUE over QUIC",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
+	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand())
+	return root
+}
+
+func args(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if len(a) != n {
+			return usageError{fmt.Errorf("%s takes %d argument(s)", cmd.CommandPath(), n)}
+		}
+		return nil
+	}
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func client() *adminclient.Client { return adminclient.New(adminclient.SocketFromEnv()) }
+
+func initCommand() *cobra.Command {
+	var cfg listener.InitConfig
+	var caCert, caKey string
+	var light bool
+	cmd := &cobra.Command{
+		Use:   "init --data DIR",
+		Short: "create the CA, the listener certificate and the OPAQUE keys in DIR",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.DataDir == "" {
+				return usageError{fmt.Errorf("--data is required")}
+			}
+			if (caCert == "") != (caKey == "") {
+				return usageError{fmt.Errorf("--ca-cert and --ca-key go together")}
+			}
+			if caCert != "" {
+				var err error
+				if cfg.CACertPEM, err = os.ReadFile(caCert); err != nil {
+					return err
+				}
+				if cfg.CAKeyPEM, err = os.ReadFile(caKey); err != nil {
+					return err
+				}
+			}
+			if light {
+				cfg.KSF = pake.LightestKSF
+			}
+			ca, err := listener.Init(cfg)
+			if err != nil {
+				return err
+			}
+			fp := ca.Fingerprint()
+			out := map[string]string{"dataDir": cfg.DataDir, "caFingerprint": fmtFP(fp), "subject": ca.Cert().Subject.String()}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "initialized %s\nCA %s\nCA fingerprint (SHA-256) %s\n", cfg.DataDir, out["subject"], out["caFingerprint"])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory (created 0700)")
+	cmd.Flags().StringVar(&cfg.TrustDomain, "trust-domain", "stratum.local", "SPIFFE trust domain of node identities")
+	cmd.Flags().StringSliceVar(&cfg.Endpoints, "endpoint", nil, "host:port agents dial (repeatable; default 127.0.0.1:9444)")
+	cmd.Flags().StringVar(&caCert, "ca-cert", "", "import this CA certificate chain (PEM, CA first, root last) instead of creating a root")
+	cmd.Flags().StringVar(&caKey, "ca-key", "", "the imported CA's private key (PEM)")
+	cmd.Flags().BoolVar(&light, "light-ksf", false, "use the lightest Argon2id parameters accepted (t=1, 8 MiB) instead of t=3, 64 MiB")
+	cmd.Flags().DurationVar(&cfg.NodeLifetime, "node-lifetime", 0, "node certificate lifetime (default 168h)")
+	return cmd
+}
+
+func serveCommand() *cobra.Command {
+	var cfg listener.Config
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "serve --data DIR",
+		Short: "serve joins, renewals and the admin socket",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.DataDir == "" {
+				return usageError{fmt.Errorf("--data is required")}
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageError{fmt.Errorf("--log-level: %w", err)}
+			}
+			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			act, err := systemd.Activation()
+			if err != nil {
+				return err
+			}
+			if pc, ok := act.PacketConns["quic"]; ok {
+				cfg.PacketConn = pc
+			}
+			if ln, ok := act.Listeners["admin"]; ok {
+				cfg.AdminListener = ln
+			}
+			notifier := systemd.NewNotifier(cfg.Logger)
+			cfg.Ready = func(addr net.Addr) {
+				_ = notifier.Ready("serving joins on " + addr.String())
+			}
+			l, err := listener.New(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if iv, _ := systemd.WatchdogInterval(); iv > 0 {
+				go notifier.RunWatchdog(cmd.Context(), iv)
+			}
+			err = l.Run(cmd.Context())
+			_ = notifier.Stopping()
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory made by init")
+	cmd.Flags().StringVar(&cfg.Listen, "listen", ":9444", "UDP address for QUIC (unless socket-activated)")
+	cmd.Flags().StringVar(&cfg.AdminSocket, "admin-socket", adminclient.SocketFromEnv(), "admin unix socket")
+	cmd.Flags().StringVar(&cfg.StoreURL, "store", "", "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func codesCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "codes", Short: "mint, list, show and revoke join codes"}
+	var req adminapi.MintCodeRequest
+	var ttl time.Duration
+	var maxUses int
+	var expect cluster.Expect
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "mint a join code; it is printed once",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req.TTLSeconds = int(ttl / time.Second)
+			req.MaxUses = &maxUses
+			if expect != (cluster.Expect{}) {
+				req.Expect = &expect
+			}
+			c, err := client().MintCode(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), c)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "join code  %s\n", c.Code)
+			fmt.Fprintf(w, "id         %s\nexpires    %s\nmax uses   %s\npool       %s (role %s, trust %s)\n", c.ID, c.ExpiresAt.Format(time.RFC3339), usesText(c.MaxUses), c.Pool, c.Role, c.Trust)
+			if c.RequireApproval {
+				fmt.Fprintln(w, "approval   required: approve with `stratum-listener joins approve ID`")
+			}
+			fmt.Fprintf(w, "\nThe code is shown only this once. On the machine, run:\n\n  %s\n\nand type the code when asked (or pipe it in; never put it on the command line).\n", c.AgentCommand)
+			return nil
+		},
+	}
+	create.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the code stays valid")
+	create.Flags().IntVar(&maxUses, "max-uses", 1, "how many machines may join with it (0 = unlimited)")
+	create.Flags().StringVar(&req.Pool, "pool", "default", "pool the machines join")
+	create.Flags().BoolVar(&req.RequireApproval, "require-approval", false, "hold each join until an admin approves it")
+	create.Flags().StringVar(&expect.ProductUUID, "expect-product-uuid", "", "pin to this SMBIOS product UUID")
+	create.Flags().StringVar(&expect.Serial, "expect-serial", "", "pin to this system serial")
+	create.Flags().StringVar(&expect.MAC, "expect-mac", "", "pin to a machine with this NIC MAC")
+	create.Flags().StringVar(&expect.GPUUUID, "expect-gpu-uuid", "", "pin to a machine with this NVIDIA GPU UUID")
+	create.Flags().BoolVar(&req.AllowReclaim, "allow-reclaim", false, "let a machine that is already joined join again, keeping its node id")
+	create.Flags().StringVar(&req.Hosted, "hosted", "", "kubernetes: the agent runs as a DaemonSet (tenant-controlled trust)")
+
+	var all bool
+	list := &cobra.Command{
+		Use: "list", Short: "list join codes (live ones unless --all)", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			codes, err := client().Codes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if !all {
+				live := codes[:0]
+				for _, c := range codes {
+					if c.State == "live" {
+						live = append(live, c)
+					}
+				}
+				codes = live
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"items": codes})
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSELECTOR\tSTATE\tUSES\tFAILED\tPOOL\tEXPIRES")
+			for _, c := range codes {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, c.ExpiresAt.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&all, "all", false, "include expired and revoked codes")
+	show := &cobra.Command{
+		Use: "show ID", Short: "show one join code", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			c, err := client().Code(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), c)
+		},
+	}
+	revoke := &cobra.Command{
+		Use: "revoke ID", Short: "revoke a join code at once", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			c, err := client().RevokeCode(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), c)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s at %s by %s\n", c.ID, c.RevokedAt.Format(time.RFC3339), c.RevokedBy)
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, show, revoke)
+	return cmd
+}
+
+func usesText(n int) string {
+	if n == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprint(n)
+}
+
+func joinsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "joins", Short: "list, approve and refuse joins held for approval"}
+	list := &cobra.Command{
+		Use: "list", Short: "list joins, pending first", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			js, err := client().Joins(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"items": js})
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tCODE\tKEY SHA-256\tCLAIMED UUID\tCLAIMED HOSTNAME\tNODE")
+			for _, j := range js {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.SecretID, j.KeyFP[:16]+"…", j.Facts.ProductUUID, j.Facts.Hostname, j.NodeID)
+			}
+			return tw.Flush()
+		},
+	}
+	decide := func(approve bool, use, short string) *cobra.Command {
+		return &cobra.Command{
+			Use: use, Short: short, Args: args(1),
+			RunE: func(cmd *cobra.Command, a []string) error {
+				j, err := client().DecideJoin(cmd.Context(), a[0], approve)
+				if err != nil {
+					return err
+				}
+				if jsonOut {
+					return printJSON(cmd.OutOrStdout(), j)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "join %s %s\n", j.ID, j.State)
+				return nil
+			},
+		}
+	}
+	cmd.AddCommand(list, decide(true, "approve ID", "approve a pending join"), decide(false, "refuse ID", "refuse a pending join"))
+	return cmd
+}
+
+func nodesCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "nodes", Short: "list, show and revoke nodes"}
+	list := &cobra.Command{
+		Use: "list", Short: "list nodes", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ns, err := client().Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"items": ns})
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tROLE\tTRUST\tPOOL\tCLAIMED HOSTNAME\tCERT UNTIL")
+			for _, n := range ns {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.Facts.Hostname, n.NotAfter.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	show := &cobra.Command{
+		Use: "show ID", Short: "show a node and the facts it claimed", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			n, err := client().Node(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), n)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "node     %s (%s)\nrole     %s\ntrust    %s\npool     %s\njoined   %s with %s\ncert     serial %s until %s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.JoinedAt.Format(time.RFC3339), n.SecretID, n.CertSerial, n.NotAfter.Format(time.RFC3339))
+			fmt.Fprintln(w, "facts    claimed by the machine at join, not attested:")
+			f := n.Facts
+			for _, kv := range [][2]string{{"product uuid", f.ProductUUID}, {"serial", f.Serial}, {"board serial", f.BoardSerial}, {"vendor", f.Vendor}, {"product", f.ProductName}, {"hostname", f.Hostname}, {"macs", strings.Join(f.MACs, " ")}, {"gpus", strings.Join(f.GPUUUIDs, " ")}} {
+				if kv[1] != "" {
+					fmt.Fprintf(w, "  %-13s %s\n", kv[0], kv[1])
+				}
+			}
+			return nil
+		},
+	}
+	revoke := &cobra.Command{
+		Use: "revoke ID", Short: "revoke a node: its renewals are refused", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			n, err := client().RevokeNode(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), n)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked node %s\n", n.ID)
+			return nil
+		},
+	}
+	cmd.AddCommand(list, show, revoke)
+	return cmd
+}
+
+func caCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "ca", Short: "show or rotate the cluster CA"}
+	show := func(cmd *cobra.Command, v adminapi.CAView) error {
+		if jsonOut {
+			return printJSON(cmd.OutOrStdout(), v)
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "CA           %s\nfingerprint  %s\nvalid        %s to %s\ntrust domain %s\nendpoint     %s\n", v.Subject, v.Fingerprint, v.NotBefore.Format(time.RFC3339), v.NotAfter.Format(time.RFC3339), v.TrustDomain, v.Endpoint)
+		return nil
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use: "show", Short: "show the current CA", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v, err := client().CA(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return show(cmd, v)
+		},
+	}, &cobra.Command{
+		Use: "rotate", Short: "make a new root CA; codes minted before become stale, nodes move over at renewal", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v, err := client().RotateCA(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return show(cmd, v)
+		},
+	})
+	return cmd
+}
+
+func eventsCommand() *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use: "events", Short: "print the event log", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := client()
+			after := ""
+			for {
+				var wait time.Duration
+				if follow && after != "" {
+					wait = 30 * time.Second
+				}
+				evs, err := c.Events(cmd.Context(), after, wait)
+				if err != nil {
+					if cmd.Context().Err() != nil {
+						return nil
+					}
+					return err
+				}
+				for _, ev := range evs {
+					if jsonOut {
+						b, _ := json.Marshal(ev)
+						fmt.Fprintln(cmd.OutOrStdout(), string(b))
+					} else {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s  %-30s %s %s\n", ev.Time.Format(time.RFC3339), ev.Type, ev.Actor, fieldsText(ev.Fields))
+					}
+					after = ev.Seq
+				}
+				if !follow {
+					return nil
+				}
+				if after == "" && len(evs) == 0 {
+					after = " " // sorts before every seq: wait for the first event
+				}
+			}
+		},
+	}
+	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	return cmd
+}
+
+func fieldsText(f map[string]string) string {
+	var parts []string
+	for k, v := range f {
+		parts = append(parts, k+"="+v)
+	}
+	sortStrings(parts)
+	return strings.Join(parts, " ")
+}

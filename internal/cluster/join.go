@@ -1,0 +1,457 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/wire"
+)
+
+// Attempt is one started exchange: the secret's record to answer KE1 with,
+// and whether the start was counted as unproven.
+type Attempt struct {
+	Secret  *Secret // nil for an unknown locator
+	Counted bool
+}
+
+// BeginAttempt looks up a locator and, for a live secret, counts one
+// unproven attempt in a single durable transaction before KE2 may leave.
+// The start that would take the count past MaxUnproven burns the secret
+// instead. An inactive secret is returned uncounted, so only the holder of
+// the right code learns why it is refused. An error means the count's
+// outcome is unknown: the caller must not answer.
+func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, error) {
+	for range maxCASRounds {
+		s, rev, err := c.SecretByLocator(ctx, locator)
+		if errors.Is(err, ErrNotFound) {
+			return Attempt{}, nil
+		}
+		if err != nil {
+			return Attempt{}, err
+		}
+		now := c.now().UTC()
+		if !s.Live(now) {
+			return Attempt{Secret: s}, nil
+		}
+		var evs []Event
+		ops := []store.Op{}
+		counted := true
+		if s.Unproven+1 > MaxUnproven {
+			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
+			ev, evOp := c.newEvent(EventSecretBurned, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(s.Unproven)})
+			evs, ops, counted = append(evs, ev), append(ops, evOp), false
+		} else {
+			s.Unproven++
+		}
+		ops = append(ops, putJSON(pfxSecret+s.ID, s))
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, ops)
+		if err != nil {
+			return Attempt{}, fmt.Errorf("count attempt: %w", err)
+		}
+		if ok {
+			c.logEvents(evs...)
+			return Attempt{Secret: s, Counted: counted}, nil
+		}
+	}
+	return Attempt{}, ErrConflict
+}
+
+// Issuer signs a node certificate for nodeID with role; it is called
+// inside the transaction loop and its output only leaves once the
+// transaction committed.
+type Issuer func(nodeID, role string) (Cert, error)
+
+// Cert is an issued node certificate.
+type Cert struct {
+	DER      []byte
+	Serial   string
+	NotAfter time.Time
+}
+
+// ProveRequest completes a join whose KE3 verified.
+type ProveRequest struct {
+	Attempt   Attempt
+	Facts     wire.Facts
+	KeyFP     string // SHA-256 of the CSR's public key
+	CurrentCA string // fingerprint of the current root
+	NewNodeID func() (string, error)
+	Issue     Issuer
+}
+
+// Outcome is what a proven join leads to.
+type Outcome struct {
+	Status  string // wire.StatusJoined, StatusPending or StatusRefused
+	Code    string
+	Message string
+	Join    *Join
+	Node    *Node
+	Cert    Cert
+	Secret  *Secret
+}
+
+func refused(code, msg string) Outcome {
+	return Outcome{Status: wire.StatusRefused, Code: code, Message: msg}
+}
+
+// Prove applies a proven join in one transaction: un-count the attempt,
+// re-check the secret, check `expect`, then resume this key's earlier join
+// or consume a use and create the node (or a pending join).
+func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) {
+	if req.Attempt.Secret == nil {
+		return Outcome{}, errors.New("prove without a secret")
+	}
+	id := req.Attempt.Secret.ID
+	for range maxCASRounds {
+		var s Secret
+		rev, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
+		if err != nil {
+			return Outcome{}, err
+		}
+		if !found {
+			return refused(wire.CodeRevoked, "the join code was deleted"), nil
+		}
+		now := c.now().UTC()
+		tx := &txn{cmps: []store.Cmp{{Key: pfxSecret + id, Rev: rev}}}
+		if req.Attempt.Counted && s.Unproven > 0 {
+			s.Unproven--
+		}
+		out, err := c.prove(ctx, tx, &s, req, now)
+		if err != nil {
+			return Outcome{}, err
+		}
+		s.ModifiedAt = now
+		tx.ops = append(tx.ops, putJSON(pfxSecret+id, s))
+		ok, err := c.store.Txn(ctx, tx.cmps, tx.ops)
+		if err != nil {
+			return Outcome{}, fmt.Errorf("commit join: %w", err)
+		}
+		if ok {
+			c.logEvents(tx.events...)
+			out.Secret = &s
+			return out, nil
+		}
+	}
+	return Outcome{}, ErrConflict
+}
+
+type txn struct {
+	cmps   []store.Cmp
+	ops    []store.Op
+	events []Event
+}
+
+func (c *Cluster) event(tx *txn, typ, actor string, fields map[string]string) {
+	ev, op := c.newEvent(typ, actor, fields)
+	tx.events, tx.ops = append(tx.events, ev), append(tx.ops, op)
+}
+
+func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string]string) Outcome {
+	if fields == nil {
+		fields = map[string]string{}
+	}
+	fields["secretId"], fields["code"] = s.ID, code
+	c.event(tx, EventJoinRefused, SystemActor, fields)
+	return refused(code, msg)
+}
+
+func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveRequest, now time.Time) (Outcome, error) {
+	switch st := s.State(now); {
+	case st == stateRevoked && s.Burned():
+		return c.refuse(tx, s, wire.CodeRevoked, "the join code was burned after too many failed attempts; ask for a new one", nil), nil
+	case st == stateRevoked:
+		return c.refuse(tx, s, wire.CodeRevoked, "the join code was revoked; ask for a new one", nil), nil
+	case st == stateExpired:
+		return c.refuse(tx, s, wire.CodeExpired, "the join code expired; ask for a new one", nil), nil
+	}
+	if s.CAFingerprint != req.CurrentCA {
+		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+	}
+	if field := MismatchedField(s.Expect, req.Facts); field != "" {
+		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the join code is pinned to", map[string]string{"field": field}), nil
+	}
+
+	// A join this key already made with this secret is continued, never
+	// charged a second use.
+	jkKey := pfxJoinKey + s.ID + "/" + req.KeyFP
+	joinID, jkRev, err := getString(ctx, c.store, jkKey)
+	if err != nil {
+		return Outcome{}, err
+	}
+	tx.cmps = append(tx.cmps, store.Cmp{Key: jkKey, Rev: jkRev})
+	if jkRev != 0 {
+		var j Join
+		jrev, found, err := getJSON(ctx, c.store, pfxJoin+joinID, &j)
+		if err != nil {
+			return Outcome{}, err
+		}
+		if !found {
+			return Outcome{}, fmt.Errorf("join %s indexed but missing", joinID)
+		}
+		tx.cmps = append(tx.cmps, store.Cmp{Key: pfxJoin + joinID, Rev: jrev})
+		return c.resume(ctx, tx, s, &j, req, now)
+	}
+
+	if s.State(now) == stateUsedUp {
+		return c.refuse(tx, s, wire.CodeUsedUp, "the join code has no uses left; ask for a new one", nil), nil
+	}
+	j := &Join{ID: randomID("join-", 10), SecretID: s.ID, KeyFP: req.KeyFP, Facts: req.Facts, Pool: s.Pool, CreatedAt: now}
+	if s.RequireApproval {
+		j.State = joinPending
+		s.Uses++
+		tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j), putString(jkKey, j.ID))
+		c.event(tx, EventJoinPending, SystemActor, map[string]string{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
+		return Outcome{Status: wire.StatusPending, Join: j}, nil
+	}
+	out, err := c.completeNode(ctx, tx, s, j, req, now)
+	if err != nil || out.Status != wire.StatusJoined {
+		return out, err
+	}
+	s.Uses++
+	tx.ops = append(tx.ops, putString(jkKey, j.ID))
+	return out, nil
+}
+
+func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
+	switch j.State {
+	case joinPending:
+		return Outcome{Status: wire.StatusPending, Join: j}, nil
+	case joinRefused:
+		return refused(wire.CodeApprovalRefused, "an administrator refused this join"), nil
+	case joinApproved:
+		return c.completeNode(ctx, tx, s, j, req, now)
+	}
+	// completed: the Result was lost; hand out a fresh certificate for the
+	// same node if it still stands.
+	var n Node
+	nrev, found, err := getJSON(ctx, c.store, pfxNode+j.NodeID, &n)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if !found || !n.Active() || n.KeyFP != req.KeyFP {
+		return c.refuse(tx, s, wire.CodeNodeRevoked, "the node this key joined as was revoked or replaced", nil), nil
+	}
+	cert, err := req.Issue(n.ID, n.Role)
+	if err != nil {
+		return Outcome{}, err
+	}
+	tx.cmps = append(tx.cmps, store.Cmp{Key: pfxNode + n.ID, Rev: nrev})
+	n.CertSerial, n.NotAfter = cert.Serial, cert.NotAfter
+	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, n.ID))
+	return Outcome{Status: wire.StatusJoined, Join: j, Node: &n, Cert: cert}, nil
+}
+
+// completeNode creates (or reclaims) the node for a join and issues its
+// certificate; the caller has charged the use.
+func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
+	identity := IdentityKey(req.Facts)
+	idKey := pfxIdentity + s.Pool + "/" + identity
+	var n *Node
+	reclaimed := false
+	if identity != "" {
+		holder, irev, err := getString(ctx, c.store, idKey)
+		if err != nil {
+			return Outcome{}, err
+		}
+		tx.cmps = append(tx.cmps, store.Cmp{Key: idKey, Rev: irev})
+		if irev != 0 {
+			var old Node
+			orev, found, err := getJSON(ctx, c.store, pfxNode+holder, &old)
+			if err != nil {
+				return Outcome{}, err
+			}
+			if found && old.Active() {
+				if !s.AllowReclaim {
+					return c.refuse(tx, s, wire.CodeNodeExists, "a node with this machine's identity is already joined ("+old.ID+"); revoke it or use a code that allows reclaim", map[string]string{"nodeId": old.ID}), nil
+				}
+				tx.cmps = append(tx.cmps, store.Cmp{Key: pfxNode + old.ID, Rev: orev})
+				if old.CertSerial != "" {
+					old.RevokedSerials = append(old.RevokedSerials, old.CertSerial)
+				}
+				n, reclaimed = &old, true
+			}
+		}
+	}
+	if n == nil {
+		id, err := req.NewNodeID()
+		if err != nil {
+			return Outcome{}, err
+		}
+		n = &Node{ID: id, State: nodeActive}
+	}
+	if identity != "" {
+		tx.ops = append(tx.ops, putString(idKey, n.ID))
+	}
+	n.Pool, n.Tenant, n.IdentityKey, n.Facts = s.Pool, s.Tenant, identity, req.Facts
+	n.Role, n.Trust, n.SecretID, n.JoinID, n.KeyFP = s.Role, s.Trust, s.ID, j.ID, req.KeyFP
+	n.JoinedAt = now
+	if s.Key != nil {
+		host, err := c.assignHost(s, n, req.Facts)
+		if err != nil {
+			return c.refuse(tx, s, wire.CodeAddressExhausted, err.Error(), nil), nil
+		}
+		n.Host = host
+	}
+	cert, err := req.Issue(n.ID, n.Role)
+	if err != nil {
+		return Outcome{}, err
+	}
+	n.CertSerial, n.NotAfter = cert.Serial, cert.NotAfter
+	j.State, j.NodeID = joinCompleted, n.ID
+	s.Registrations++
+	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putJSON(pfxJoin+j.ID, j), putString(pfxSerial+cert.Serial, n.ID))
+	fields := map[string]string{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	if reclaimed {
+		c.event(tx, EventNodeReclaimed, SystemActor, fields)
+	} else {
+		c.event(tx, EventNodeJoined, SystemActor, fields)
+	}
+	return Outcome{Status: wire.StatusJoined, Join: j, Node: n, Cert: cert}, nil
+}
+
+var hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// assignHost gives a join-key host its network, role, tags, one address
+// from each CIDR (never the same address twice) and a name.
+func (c *Cluster) assignHost(s *Secret, n *Node, f wire.Facts) (*wire.Host, error) {
+	if n.Host != nil { // a reclaimed host keeps its addresses
+		return n.Host, nil
+	}
+	h := &wire.Host{NetworkID: s.Key.NetworkID, RoleID: s.Key.RoleID, Tags: s.Key.Tags}
+	name := strings.ToLower(strings.SplitN(f.Hostname, ".", 2)[0])
+	if hostnameRE.MatchString(name) && name != "localhost" {
+		h.Name = name
+	} else {
+		h.Name = s.Key.Name + "-" + randomID("", 3)
+	}
+	if s.AddressesUsed == nil {
+		s.AddressesUsed = map[string]uint64{}
+	}
+	for _, cidr := range s.Key.CIDRs {
+		p, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			return nil, fmt.Errorf("bad cidr %q: %w", cidr, err)
+		}
+		next := s.AddressesUsed[cidr] + 1 // skip the network address
+		addr, ok := nthAddr(p, next)
+		if !ok {
+			return nil, fmt.Errorf("no addresses left in %s", cidr)
+		}
+		s.AddressesUsed[cidr] = next
+		h.Addresses = append(h.Addresses, netip.PrefixFrom(addr, p.Bits()).String())
+	}
+	return h, nil
+}
+
+// nthAddr is the n-th address of p, refusing the last (broadcast for IPv4).
+func nthAddr(p netip.Prefix, n uint64) (netip.Addr, bool) {
+	a := p.Masked().Addr().As16()
+	carry := n
+	for i := 15; i >= 0 && carry > 0; i-- {
+		sum := uint64(a[i]) + carry&0xff
+		a[i] = byte(sum)
+		carry = carry>>8 + sum>>8
+	}
+	addr := netip.AddrFrom16(a)
+	if p.Addr().Is4() {
+		addr = addr.Unmap()
+	}
+	hostBits := addr.BitLen() - p.Bits()
+	if !p.Contains(addr) || (hostBits < 64 && n >= (uint64(1)<<hostBits)-1) {
+		return netip.Addr{}, false
+	}
+	return addr, true
+}
+
+// MismatchedField names the first `expect` field the facts do not
+// satisfy, or "" when every given field matches (seed 000): UUIDs and MACs
+// case-insensitively, MACs and GPU UUIDs as members of the reported sets.
+func MismatchedField(e *Expect, f wire.Facts) string {
+	if e == nil {
+		return ""
+	}
+	if e.ProductUUID != "" && !strings.EqualFold(e.ProductUUID, f.ProductUUID) {
+		return "productUuid"
+	}
+	if e.Serial != "" && e.Serial != f.Serial {
+		return "serial"
+	}
+	if e.MAC != "" && !containsFold(f.MACs, e.MAC) {
+		return "mac"
+	}
+	if e.GPUUUID != "" && !containsFold(f.GPUUUIDs, e.GPUUUID) {
+		return "gpuUuid"
+	}
+	return ""
+}
+
+func containsFold(set []string, v string) bool {
+	for _, s := range set {
+		if strings.EqualFold(s, v) {
+			return true
+		}
+	}
+	return false
+}
+
+// RenewRequest renews the certificate of a node that proved possession
+// of a certificate with serial Serial.
+type RenewRequest struct {
+	NodeID string
+	Serial string
+	KeyFP  string
+	Issue  Issuer
+}
+
+// Renew issues a node a new certificate, unless it was revoked or the
+// certificate it presented was revoked by a reclaim.
+func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) {
+	for range maxCASRounds {
+		var n Node
+		rev, found, err := getJSON(ctx, c.store, pfxNode+req.NodeID, &n)
+		if err != nil {
+			return Outcome{}, err
+		}
+		if !found {
+			return refused(wire.CodeNodeUnknown, "the listener does not know this node; join again with a new code"), nil
+		}
+		if !n.Active() {
+			return refused(wire.CodeNodeRevoked, "this node was revoked; join again with a new code"), nil
+		}
+		owner, _, err := getString(ctx, c.store, pfxSerial+req.Serial)
+		if err != nil {
+			return Outcome{}, err
+		}
+		if owner != n.ID || slicesContains(n.RevokedSerials, req.Serial) {
+			return refused(wire.CodeNodeRevoked, "this certificate was revoked when the machine was reclaimed; join again with a new code"), nil
+		}
+		cert, err := req.Issue(n.ID, n.Role)
+		if err != nil {
+			return Outcome{}, err
+		}
+		now := c.now().UTC()
+		n.CertSerial, n.NotAfter, n.RenewedAt, n.KeyFP = cert.Serial, cert.NotAfter, &now, req.KeyFP
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, n.ID)})
+		if err != nil {
+			return Outcome{}, fmt.Errorf("commit renewal: %w", err)
+		}
+		if ok {
+			return Outcome{Status: wire.StatusJoined, Node: &n, Cert: cert}, nil
+		}
+	}
+	return Outcome{}, ErrConflict
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,226 @@
+// Package cluster is the durable state of a Stratum Join cluster (join
+// secrets, nodes, joins, events) and every transaction that changes it.
+//
+// All of it sits on store.Store, whose only write is a compare-and-swap
+// transaction, so the rules that matter for security hold on one bbolt file
+// and on an etcd cluster shared by several listeners alike:
+//
+//   - an attempt is counted in one durable transaction before KE2 leaves,
+//     and a start that would take a secret past MaxUnproven burns it instead;
+//   - a proven attempt is un-counted, re-checked, matched against `expect`,
+//     and consumes a use in one transaction, together with the node record,
+//     the identity index and the event.
+//
+// Secrets themselves are never stored: only their OPAQUE records.
+package cluster
+
+import (
+	"strings"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/wire"
+)
+
+// MaxUnproven is how many started-but-unproven exchanges a secret
+// tolerates; the start that would exceed it burns the secret.
+const MaxUnproven = 10
+
+// BurnedBy is the revokedBy of a burned secret (seed 004).
+const BurnedBy = "system:too-many-attempts"
+
+// Secret kinds.
+const (
+	KindCode  = "code"
+	KindToken = "token"
+	KindKey   = "key"
+)
+
+// Roles and trust levels (DESIGN.md section 6).
+const (
+	RoleNode       = "node"
+	RoleNodeTenant = "node-tenant"
+
+	TrustPlatform         = "platform"
+	TrustTenantOwned      = "tenant-owned"
+	TrustTenantControlled = "tenant-controlled"
+	HostedKubernetes      = "kubernetes"
+	DefaultPool           = "default"
+	DefaultTenant         = "default"
+	SystemActor           = "system"
+	stateLive             = "live"
+	stateExpired          = "expired"
+	stateRevoked          = "revoked"
+	stateUsedUp           = "used-up"
+	joinPending           = "pending"
+	joinApproved          = "approved"
+	joinRefused           = "refused"
+	joinCompleted         = "completed"
+	nodeActive            = "active"
+	nodeRevoked           = "revoked"
+)
+
+// Expect pins a secret to one machine (seed 000). Every field given must
+// match the claimed facts.
+type Expect struct {
+	ProductUUID string `json:"productUuid,omitempty"`
+	Serial      string `json:"serial,omitempty"`
+	MAC         string `json:"mac,omitempty"`
+	GPUUUID     string `json:"gpuUuid,omitempty"`
+}
+
+// Empty reports whether no identifier is given.
+func (e *Expect) Empty() bool {
+	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "")
+}
+
+// KeyAttrs are what a seed-003 join key gives the hosts that enroll with it.
+type KeyAttrs struct {
+	Name      string   `json:"name"`
+	OrgID     string   `json:"organizationID"`
+	NetworkID string   `json:"networkID"`
+	RoleID    string   `json:"roleID,omitempty"`
+	Tags      []string `json:"tags"`
+	CIDRs     []string `json:"autoAssignCIDRs"`
+}
+
+// Secret is the stored record of a join code, token or key. It never holds
+// the secret itself.
+type Secret struct {
+	ID              string         `json:"id"`
+	Kind            string         `json:"kind"`
+	Locator         string         `json:"locator"`
+	Record          []byte         `json:"record"`
+	KSF             pake.KSFParams `json:"ksf"`
+	CAFingerprint   string         `json:"caFingerprint"`
+	Endpoint        string         `json:"endpoint"`
+	Tenant          string         `json:"tenant"`
+	Pool            string         `json:"pool"`
+	Role            string         `json:"role"`
+	Trust           string         `json:"trust"`
+	Hosted          string         `json:"hosted,omitempty"`
+	Expect          *Expect        `json:"expect,omitempty"`
+	AllowReclaim    bool           `json:"allowReclaim,omitempty"`
+	RequireApproval bool           `json:"requireApproval,omitempty"`
+	MaxUses         int            `json:"maxUses"` // 0: unlimited
+	Uses            int            `json:"uses"`
+	Unproven        int            `json:"unproven"`
+	Registrations   int            `json:"registrations"`
+	CreatedBy       string         `json:"createdBy"`
+	CreatedAt       time.Time      `json:"createdAt"`
+	ModifiedAt      time.Time      `json:"modifiedAt"`
+	ExpiresAt       *time.Time     `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
+	RevokedAt       *time.Time     `json:"revokedAt,omitempty"`
+	RevokedBy       string         `json:"revokedBy,omitempty"`
+	Key             *KeyAttrs      `json:"key,omitempty"`
+	IdempotencyHash string         `json:"idempotencyHash,omitempty"`
+	// AddressesUsed counts addresses handed out per CIDR (join keys).
+	AddressesUsed map[string]uint64 `json:"addressesUsed,omitempty"`
+}
+
+// State is live, expired, revoked or used-up at now.
+func (s *Secret) State(now time.Time) string {
+	switch {
+	case s.RevokedAt != nil:
+		return stateRevoked
+	case s.ExpiresAt != nil && !now.Before(*s.ExpiresAt):
+		return stateExpired
+	case s.MaxUses > 0 && s.Uses >= s.MaxUses:
+		return stateUsedUp
+	}
+	return stateLive
+}
+
+// Live reports whether the secret can still start a join.
+func (s *Secret) Live(now time.Time) bool { return s.State(now) == stateLive }
+
+// Burned reports whether the secret was revoked for too many attempts.
+func (s *Secret) Burned() bool { return s.RevokedBy == BurnedBy }
+
+// Node is a joined machine.
+type Node struct {
+	ID          string     `json:"id"`
+	Pool        string     `json:"pool"`
+	Tenant      string     `json:"tenant"`
+	IdentityKey string     `json:"identityKey"`
+	Facts       wire.Facts `json:"facts"`
+	Role        string     `json:"role"`
+	Trust       string     `json:"trust"`
+	SecretID    string     `json:"secretId"`
+	JoinID      string     `json:"joinId"`
+	KeyFP       string     `json:"keyFingerprint"`
+	CertSerial  string     `json:"certSerial"`
+	NotAfter    time.Time  `json:"notAfter"`
+	State       string     `json:"state"`
+	JoinedAt    time.Time  `json:"joinedAt"`
+	RenewedAt   *time.Time `json:"renewedAt,omitempty"`
+	RevokedAt   *time.Time `json:"revokedAt,omitempty"`
+	RevokedBy   string     `json:"revokedBy,omitempty"`
+	// RevokedSerials are earlier certificates of this node id that were
+	// revoked by a reclaim; renewals with them are refused.
+	RevokedSerials []string   `json:"revokedSerials,omitempty"`
+	Host           *wire.Host `json:"host,omitempty"`
+}
+
+// Join is one proven join of a key with a secret: pending approval,
+// approved, refused or completed. A reconnect with the same key finds it.
+type Join struct {
+	ID        string     `json:"id"`
+	SecretID  string     `json:"secretId"`
+	KeyFP     string     `json:"keyFingerprint"`
+	Facts     wire.Facts `json:"facts"`
+	State     string     `json:"state"`
+	NodeID    string     `json:"nodeId,omitempty"`
+	Pool      string     `json:"pool"`
+	CreatedAt time.Time  `json:"createdAt"`
+	DecidedAt *time.Time `json:"decidedAt,omitempty"`
+	DecidedBy string     `json:"decidedBy,omitempty"`
+}
+
+// Event is one durable, ordered record of something that happened.
+type Event struct {
+	Seq    string            `json:"seq"`
+	Type   string            `json:"type"`
+	Time   time.Time         `json:"time"`
+	Actor  string            `json:"actor,omitempty"`
+	Fields map[string]string `json:"fields,omitempty"`
+}
+
+// Event types.
+const (
+	EventTokenCreated     = "security.join-token.created"
+	EventTokenRevoked     = "security.join-token.revoked"
+	EventCodeCreated      = "security.join-code.created"
+	EventCodeRevoked      = "security.join-code.revoked"
+	EventKeyCreated       = "security.join-key.created"
+	EventKeyDeleted       = "security.join-key.deleted"
+	EventSecretBurned     = "security.join-code.burned"
+	EventNodeJoined       = "node.joined"
+	EventNodeReclaimed    = "node.reclaimed"
+	EventNodeRevoked      = "node.revoked"
+	EventNodeRenewed      = "node.renewed"
+	EventJoinRefused      = "join.refused"
+	EventJoinPending      = "join.pending"
+	EventJoinApproved     = "join.approved"
+	EventJoinRefusedAdmin = "join.approval-refused"
+	EventCARotated        = "ca.rotated"
+)
+
+// IdentityKey is the node identity of DESIGN.md section 5: the product
+// UUID, else the serial, else the MAC set.
+func IdentityKey(f wire.Facts) string {
+	switch {
+	case f.ProductUUID != "":
+		return "uuid:" + strings.ToUpper(f.ProductUUID)
+	case f.Serial != "":
+		return "serial:" + f.Serial
+	case len(f.MACs) > 0:
+		macs := make([]string, len(f.MACs))
+		for i, m := range f.MACs {
+			macs[i] = strings.ToLower(m)
+		}
+		sortStrings(macs)
+		return "mac:" + strings.Join(macs, ",")
+	}
+	return ""
+}

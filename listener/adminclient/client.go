@@ -1,0 +1,200 @@
+// Package adminclient talks to a running listener's admin API over its
+// unix socket; the stratum-listener subcommands and the tests use it.
+package adminclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+)
+
+// DefaultSocket is where the packaged unit puts the admin socket.
+const DefaultSocket = "/run/stratum/admin.sock"
+
+// SocketFromEnv returns $STRATUM_ADMIN_SOCKET or the default.
+func SocketFromEnv() string {
+	if s := os.Getenv("STRATUM_ADMIN_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// Client is an admin API client.
+type Client struct {
+	http *http.Client
+	base string
+}
+
+// New returns a client for the unix socket at path.
+func New(path string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}
+	return &Client{http: &http.Client{Transport: tr, Timeout: 6 * time.Minute}, base: "http://stratum-admin"}
+}
+
+// ProblemError is an error answer of the API.
+type ProblemError struct{ adminapi.Problem }
+
+func (e *ProblemError) Error() string {
+	msg := fmt.Sprintf("%s: %s", e.Code, e.Detail)
+	for _, f := range e.Errors {
+		msg += fmt.Sprintf("\n  %s: %s", f.Field, f.Message)
+	}
+	return msg
+}
+
+// ErrUnreachable means the socket could not be reached.
+var ErrUnreachable = errors.New("cannot reach the listener's admin socket")
+
+// Do sends a request and decodes the JSON answer into out.
+func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var p ProblemError
+		if json.Unmarshal(b, &p.Problem) != nil || p.Code == "" {
+			return fmt.Errorf("admin api: %s", resp.Status)
+		}
+		return &p
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+type items[T any] struct {
+	Items []T `json:"items"`
+}
+
+// MintCode mints a join code.
+func (c *Client) MintCode(ctx context.Context, req adminapi.MintCodeRequest) (adminapi.Code, error) {
+	var out adminapi.Code
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/join-codes", req, &out)
+	return out, err
+}
+
+// Codes lists join codes, newest first.
+func (c *Client) Codes(ctx context.Context) ([]adminapi.Code, error) {
+	var out items[adminapi.Code]
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/join-codes", nil, &out)
+	return out.Items, err
+}
+
+// Code shows one code.
+func (c *Client) Code(ctx context.Context, id string) (adminapi.Code, error) {
+	var out adminapi.Code
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/join-codes/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
+// RevokeCode revokes a code.
+func (c *Client) RevokeCode(ctx context.Context, id string) (adminapi.Code, error) {
+	var out adminapi.Code
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/join-codes/"+url.PathEscape(id)+"/revoke", nil, &out)
+	return out, err
+}
+
+// Nodes lists nodes.
+func (c *Client) Nodes(ctx context.Context) ([]adminapi.NodeView, error) {
+	var out items[adminapi.NodeView]
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/nodes", nil, &out)
+	return out.Items, err
+}
+
+// Node shows one node.
+func (c *Client) Node(ctx context.Context, id string) (adminapi.NodeView, error) {
+	var out adminapi.NodeView
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/nodes/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
+// RevokeNode revokes a node.
+func (c *Client) RevokeNode(ctx context.Context, id string) (adminapi.NodeView, error) {
+	var out adminapi.NodeView
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/nodes/"+url.PathEscape(id)+"/revoke", nil, &out)
+	return out, err
+}
+
+// Joins lists joins, pending first.
+func (c *Client) Joins(ctx context.Context) ([]cluster.Join, error) {
+	var out items[cluster.Join]
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/joins", nil, &out)
+	return out.Items, err
+}
+
+// DecideJoin approves or refuses a pending join.
+func (c *Client) DecideJoin(ctx context.Context, id string, approve bool) (cluster.Join, error) {
+	verb := "refuse"
+	if approve {
+		verb = "approve"
+	}
+	var out cluster.Join
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/joins/"+url.PathEscape(id)+"/"+verb, nil, &out)
+	return out, err
+}
+
+// CA shows the cluster CA.
+func (c *Client) CA(ctx context.Context) (adminapi.CAView, error) {
+	var out adminapi.CAView
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/ca", nil, &out)
+	return out, err
+}
+
+// RotateCA rotates the cluster CA.
+func (c *Client) RotateCA(ctx context.Context) (adminapi.CAView, error) {
+	var out adminapi.CAView
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/ca/rotate", nil, &out)
+	return out, err
+}
+
+// Events lists events after seq; wait > 0 long-polls for new ones.
+func (c *Client) Events(ctx context.Context, after string, wait time.Duration) ([]cluster.Event, error) {
+	q := url.Values{}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if wait > 0 {
+		q.Set("wait", wait.String())
+	}
+	var out items[cluster.Event]
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/events?"+q.Encode(), nil, &out)
+	return out.Items, err
+}

@@ -1,0 +1,247 @@
+package listener
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// Stream is what the join logic needs of a transport: QUIC in production,
+// an in-memory pipe in unit tests.
+type Stream interface {
+	io.Reader
+	io.Writer
+	SetReadDeadline(time.Time) error
+}
+
+// Budgets for the agent's side of the exchange.
+const (
+	helloTimeout = 10 * time.Second
+	// proofTimeout covers the agent's key stretching with the heaviest
+	// parameters we accept.
+	proofTimeout   = 60 * time.Second
+	approvalPoll   = 250 * time.Millisecond
+	approvalMaxAge = 24 * time.Hour
+)
+
+// Join runs one join exchange on str. exporter is the TLS exporter of the
+// connection carrying it. It returns the QUIC application code to close
+// the connection with.
+func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (closeCode quic.ApplicationErrorCode, err error) {
+	str.SetReadDeadline(time.Now().Add(helloTimeout))
+	var hello wire.Hello
+	if err := wire.Read(str, &hello); err != nil {
+		return errCodeProtocol, fmt.Errorf("read hello: %w", err)
+	}
+
+	start := time.Now()
+	att, err := l.cluster.BeginAttempt(ctx, hello.Locator)
+	if err != nil {
+		// the count's outcome is unknown: it counts as spent, and nothing
+		// is answered
+		return errCodeInternal, fmt.Errorf("count attempt: %w", err)
+	}
+	if att.Counted {
+		l.cost.observe(time.Since(start))
+	} else {
+		l.cost.pad(ctx, time.Since(start))
+	}
+
+	l.mu.RLock()
+	currentFP := l.caFP
+	chains := l.chainsFP
+	l.mu.RUnlock()
+	var record []byte
+	fp, ksf := currentFP, l.settings.KSF
+	if att.Secret != nil {
+		record, fp, ksf = att.Secret.Record, att.Secret.CAFingerprint, att.Secret.KSF
+	}
+	caChain, ok := chains[fp]
+	if !ok { // minted under a root this key directory never had
+		record, fp, caChain = nil, currentFP, chains[currentFP]
+	}
+	rootFP, err := pki.ParseFingerprint(fp)
+	if err != nil {
+		return errCodeInternal, fmt.Errorf("stored fingerprint: %w", err)
+	}
+	binding := pake.BindingContext(exporter)
+	ke2, login, err := l.opaque.Respond(binding, rootFP[:], hello.Locator, hello.KE1, record)
+	if err != nil {
+		return errCodeProtocol, fmt.Errorf("respond: %w", err)
+	}
+	if h := l.cfg.Hooks.Challenge; h != nil {
+		h(hello.Locator, record != nil, att.Counted)
+	}
+	if err := wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: caChain, KSF: ksf}); err != nil {
+		return errCodeProtocol, err
+	}
+
+	str.SetReadDeadline(time.Now().Add(proofTimeout))
+	var proof wire.Proof
+	if err := wire.Read(str, &proof); err != nil {
+		// a wrong code: the agent sends nothing more; the attempt stays counted
+		return errCodeNotProof, fmt.Errorf("read proof: %w", err)
+	}
+	if record == nil {
+		return errCodeNotProof, pake.ErrNotAccepted
+	}
+	if err := login.Finish(proof.KE3); err != nil {
+		return errCodeNotProof, err
+	}
+	str.SetReadDeadline(time.Time{})
+
+	csr, err := x509.ParseCertificateRequest(proof.CSR)
+	if err != nil || csr.CheckSignature() != nil {
+		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+	}
+	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+	req := cluster.ProveRequest{
+		Attempt:   att,
+		Facts:     proof.Facts,
+		KeyFP:     hex.EncodeToString(keyFP[:]),
+		CurrentCA: currentFP,
+		NewNodeID: pki.NodeID,
+		Issue:     l.issuer(proof.CSR),
+	}
+	deadline := time.Now().Add(approvalMaxAge)
+	for {
+		out, err := l.cluster.Prove(ctx, req)
+		if err != nil {
+			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the join; try again"})
+			return errCodeInternal, err
+		}
+		if out.Status != wire.StatusPending {
+			return errCodeDone, wire.Write(str, l.result(out))
+		}
+		if req.Attempt.Counted { // announce once; later rounds only poll
+			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
+				return errCodeProtocol, err
+			}
+		}
+		req.Attempt.Counted = false
+		if err := l.waitDecision(ctx, out.Join.ID, deadline); err != nil {
+			return errCodeDone, err
+		}
+	}
+}
+
+// waitDecision polls a pending join until it is decided.
+func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline time.Time) error {
+	t := time.NewTicker(approvalPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		if time.Now().After(deadline) {
+			return errors.New("approval timed out")
+		}
+		j, err := l.cluster.Join(ctx, joinID)
+		if err != nil {
+			continue
+		}
+		if !j.IsPending() {
+			return nil
+		}
+	}
+}
+
+func (l *Listener) issuer(csr []byte) cluster.Issuer {
+	return func(nodeID, role string) (cluster.Cert, error) {
+		l.mu.RLock()
+		ca := l.ca
+		l.mu.RUnlock()
+		der, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: l.settings.TrustDomain, Role: role, Lifetime: time.Duration(l.settings.NodeLifetime), Now: l.now()})
+		if err != nil {
+			return cluster.Cert{}, err
+		}
+		cert, err := x509.ParseCertificate(der)
+		if err != nil {
+			return cluster.Cert{}, err
+		}
+		return cluster.Cert{DER: der, Serial: serialHex(cert.SerialNumber), NotAfter: cert.NotAfter}, nil
+	}
+}
+
+func serialHex(n *big.Int) string { return hex.EncodeToString(n.Bytes()) }
+
+// result turns an outcome into the Result frame.
+func (l *Listener) result(out cluster.Outcome) *wire.Result {
+	if out.Status != wire.StatusJoined {
+		r := &wire.Result{Status: out.Status, Code: out.Code, Message: out.Message}
+		if out.Join != nil {
+			r.JoinID = out.Join.ID
+		}
+		return r
+	}
+	l.mu.RLock()
+	chain := append([][]byte{out.Cert.DER}, certsDER(l.ca.Intermediates())...)
+	bundle := certsDER(l.roots)
+	l.mu.RUnlock()
+	cert, _ := x509.ParseCertificate(out.Cert.DER)
+	life := cert.NotAfter.Sub(cert.NotBefore)
+	r := &wire.Result{
+		Status:     wire.StatusJoined,
+		NodeID:     out.Node.ID,
+		CertChain:  chain,
+		CABundle:   bundle,
+		Role:       out.Node.Role,
+		Trust:      out.Node.Trust,
+		RenewAfter: cert.NotBefore.Add(life * 2 / 3).Unix(),
+		Host:       out.Node.Host,
+	}
+	if out.Join != nil {
+		r.JoinID = out.Join.ID
+	}
+	return r
+}
+
+// costModel makes the paths that write nothing (unknown locator, inactive
+// secret) take as long as the one that waits for a durable write, so the
+// Challenge's timing does not tell them apart.
+type costModel struct {
+	mu   sync.Mutex
+	ewma time.Duration
+}
+
+func (c *costModel) observe(d time.Duration) {
+	c.mu.Lock()
+	if c.ewma == 0 {
+		c.ewma = d
+	} else {
+		c.ewma = (c.ewma*7 + d) / 8
+	}
+	c.mu.Unlock()
+}
+
+func (c *costModel) pad(ctx context.Context, spent time.Duration) {
+	c.mu.Lock()
+	target := c.ewma
+	c.mu.Unlock()
+	if target == 0 {
+		target = 2 * time.Millisecond
+	}
+	if wait := target - spent; wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,412 @@
+package listener
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"golang.org/x/time/rate"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// Config is what `stratum-listener serve` wires.
+type Config struct {
+	DataDir string
+	// Listen is the UDP address for QUIC; ignored when PacketConn is set.
+	Listen string
+	// PacketConn is a socket handed in by systemd socket activation.
+	PacketConn net.PacketConn
+	// AdminSocket is the unix socket path of the admin API ("" = none).
+	AdminSocket string
+	// AdminListener is an admin socket handed in by socket activation.
+	AdminListener net.Listener
+	// StoreURL names the store; default bolt:<DataDir>/state.db.
+	StoreURL string
+	// Store, when set, is used instead of opening StoreURL.
+	Store  store.Store
+	Logger *slog.Logger
+	Now    func() time.Time
+	// RetryAbove is the per-source rate of new connections (per second)
+	// above which the listener makes a source prove its address with a
+	// QUIC Retry. 0 means 20.
+	RetryAbove float64
+	// Ready is called once the store is open and the sockets listen.
+	Ready func(addr net.Addr)
+	// Hooks observe the protocol in tests.
+	Hooks Hooks
+}
+
+// Hooks are test observation points; all optional.
+type Hooks struct {
+	// Challenge is called as each Challenge is sent: real says whether
+	// it was computed from a stored record (not a fake one), counted
+	// whether the attempt was counted.
+	Challenge func(locator string, real, counted bool)
+}
+
+// Listener serves joins, renewals and the admin API.
+type Listener struct {
+	cfg      Config
+	settings Settings
+	logger   *slog.Logger
+	now      func() time.Time
+	keys     pki.KeyDir
+	opaque   *pake.ServerKeys
+	cluster  *cluster.Cluster
+	store    store.Store
+	ownStore bool
+
+	mu       sync.RWMutex
+	ca       *pki.CA
+	caFP     string
+	tlsCert  tls.Certificate
+	roots    []*x509.Certificate
+	chainsFP map[string][][]byte // CA fingerprint -> caChain DER
+
+	cost     costModel
+	limiters sourceLimiters
+
+	addr      net.Addr
+	adminAddr string
+}
+
+// New loads the data directory and opens the store.
+func New(ctx context.Context, cfg Config) (*Listener, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.RetryAbove == 0 {
+		cfg.RetryAbove = 20
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DataDir = dir
+	settings, err := LoadSettings(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}}
+	l.limiters.perSecond = cfg.RetryAbove
+	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("read opaque keys: %w", err)
+	}
+	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
+		return nil, err
+	}
+	if err := l.loadCA(); err != nil {
+		return nil, err
+	}
+	l.store = cfg.Store
+	if l.store == nil {
+		url := cfg.StoreURL
+		if url == "" {
+			url = "bolt:" + filepath.Join(cfg.DataDir, "state.db")
+		}
+		if l.store, err = store.Open(ctx, url); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		l.ownStore = true
+	}
+	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
+	return l, nil
+}
+
+// Cluster gives access to the cluster state (admin facades, tests).
+func (l *Listener) Cluster() *cluster.Cluster { return l.cluster }
+
+// Settings returns the pinned settings.
+func (l *Listener) Settings() Settings { return l.settings }
+
+// Addr is the QUIC address once Run listens.
+func (l *Listener) Addr() net.Addr { return l.addr }
+
+func (l *Listener) loadCA() error {
+	ca, err := l.keys.LoadCA()
+	if err != nil {
+		return err
+	}
+	cert, _, err := l.keys.LoadOrCreateListenerCert(ca, l.settings.TrustDomain, l.now())
+	if err != nil {
+		return fmt.Errorf("listener certificate: %w", err)
+	}
+	roots, err := l.keys.Roots()
+	if err != nil {
+		return err
+	}
+	fp := ca.Fingerprint()
+	chains := map[string][][]byte{pki.FormatFingerprint(fp): certsDER(ca.Chain())}
+	for _, r := range roots {
+		f := pki.FormatFingerprint(pki.FingerprintOf(r))
+		if _, ok := chains[f]; !ok {
+			chains[f] = [][]byte{r.Raw}
+		}
+	}
+	l.mu.Lock()
+	l.ca, l.caFP, l.tlsCert, l.roots, l.chainsFP = ca, pki.FormatFingerprint(fp), cert, roots, chains
+	l.mu.Unlock()
+	return nil
+}
+
+// CA returns the current CA and its fingerprint.
+func (l *Listener) CA() (*pki.CA, string) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.ca, l.caFP
+}
+
+// Roots returns every root the cluster has used, newest first.
+func (l *Listener) Roots() []*x509.Certificate {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.roots
+}
+
+// RotateCA makes a new root (cross-signed by the old one), re-issues the
+// listener certificate and makes every code minted before stale.
+func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
+	if _, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now()); err != nil {
+		return "", fmt.Errorf("rotate ca: %w", err)
+	}
+	if err := l.loadCA(); err != nil {
+		return "", err
+	}
+	_, fp := l.CA()
+	l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]string{"caFingerprint": fp})
+	return fp, nil
+}
+
+func (l *Listener) tlsConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{wire.ALPNJoin, wire.ALPNNode},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			l.mu.RLock()
+			defer l.mu.RUnlock()
+			c := l.tlsCert
+			return &c, nil
+		},
+		// Renewals present the node certificate; it is verified by the
+		// renewal handler, which also accepts one that expired while the
+		// machine was off.
+		ClientAuth: tls.RequestClientCert,
+	}
+}
+
+// Run serves until ctx ends.
+func (l *Listener) Run(ctx context.Context) error {
+	defer func() {
+		if l.ownStore {
+			l.store.Close()
+		}
+	}()
+	pc := l.cfg.PacketConn
+	if pc == nil {
+		addr := l.cfg.Listen
+		if addr == "" {
+			addr = ":" + DefaultPort
+		}
+		udp, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", addr, err)
+		}
+		pc = udp
+	}
+	defer pc.Close()
+	resetKey := quic.StatelessResetKey(l.derivedKey("quic stateless reset"))
+	tokenKey := quic.TokenGeneratorKey(l.derivedKey("quic token"))
+	tr := &quic.Transport{
+		Conn:                pc,
+		StatelessResetKey:   &resetKey,
+		TokenGeneratorKey:   &tokenKey,
+		VerifySourceAddress: l.limiters.overRate,
+	}
+	defer tr.Close()
+	ln, err := tr.Listen(l.tlsConfig(), &quic.Config{
+		HandshakeIdleTimeout:  5 * time.Second,
+		MaxIdleTimeout:        30 * time.Second,
+		MaxIncomingStreams:    4,
+		MaxIncomingUniStreams: -1,
+		KeepAlivePeriod:       10 * time.Second,
+		Allow0RTT:             false,
+	})
+	if err != nil {
+		return fmt.Errorf("quic listen: %w", err)
+	}
+	defer ln.Close()
+	l.addr = pc.LocalAddr()
+
+	var wg sync.WaitGroup
+	adminErr := make(chan error, 1)
+	if l.cfg.AdminSocket != "" || l.cfg.AdminListener != nil {
+		srv, err := l.serveAdmin(ctx)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		go func() { adminErr <- srv.run() }()
+	}
+	l.logger.Info("listening", "addr", l.addr.String(), "trustDomain", l.settings.TrustDomain, "caFingerprint", l.caFP)
+	if l.cfg.Ready != nil {
+		l.cfg.Ready(l.addr)
+	}
+	go l.limiters.sweep(ctx)
+	for {
+		conn, err := ln.Accept(ctx)
+		if err != nil {
+			wg.Wait()
+			if ctx.Err() != nil {
+				return nil
+			}
+			select {
+			case err := <-adminErr:
+				return err
+			default:
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.serveConn(ctx, conn)
+		}()
+	}
+}
+
+// derivedKey derives a 32-byte transport key from the OPAQUE key file, so
+// that listeners sharing a key directory share reset and token keys.
+func (l *Listener) derivedKey(label string) [32]byte {
+	raw, _ := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+	m := hmac.New(sha256.New, raw)
+	m.Write([]byte(label))
+	var k [32]byte
+	copy(k[:], m.Sum(nil))
+	return k
+}
+
+// Application error codes on QUIC connections.
+const (
+	errCodeDone     quic.ApplicationErrorCode = 0
+	errCodeProtocol quic.ApplicationErrorCode = 0x101
+	errCodeNotProof quic.ApplicationErrorCode = 0x102
+	errCodeInternal quic.ApplicationErrorCode = 0x103
+	errCodeAuth     quic.ApplicationErrorCode = 0x104
+)
+
+func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
+	cs := conn.ConnectionState()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	str, err := conn.AcceptStream(ctx)
+	if err != nil {
+		conn.CloseWithError(errCodeProtocol, "no stream")
+		return
+	}
+	switch cs.TLS.NegotiatedProtocol {
+	case wire.ALPNJoin:
+		exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+		if err != nil {
+			conn.CloseWithError(errCodeInternal, "")
+			return
+		}
+		code, err := l.Join(ctx, str, exporter)
+		if err != nil {
+			l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
+		}
+		str.Close()
+		// give the agent time to read the last frame before closing
+		if code == errCodeDone {
+			select {
+			case <-conn.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+		conn.CloseWithError(code, "")
+	case wire.ALPNNode:
+		code := l.renew(ctx, str, cs.TLS.PeerCertificates)
+		str.Close()
+		if code == errCodeDone {
+			select {
+			case <-conn.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+		conn.CloseWithError(code, "")
+	default:
+		conn.CloseWithError(errCodeProtocol, "")
+	}
+}
+
+// sourceLimiters asks sources that open connections faster than
+// perSecond to prove their address with a Retry.
+type sourceLimiters struct {
+	perSecond float64
+	mu        sync.Mutex
+	m         map[string]*limiterEntry
+}
+
+type limiterEntry struct {
+	lim  *rate.Limiter
+	seen time.Time
+}
+
+func (s *sourceLimiters) overRate(addr net.Addr) bool {
+	host := addr.String()
+	if ua, ok := addr.(*net.UDPAddr); ok {
+		host = ua.IP.String()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]*limiterEntry{}
+	}
+	e := s.m[host]
+	if e == nil {
+		e = &limiterEntry{lim: rate.NewLimiter(rate.Limit(s.perSecond), int(s.perSecond)+1)}
+		s.m[host] = e
+	}
+	e.seen = time.Now()
+	return !e.lim.Allow()
+}
+
+func (s *sourceLimiters) sweep(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.mu.Lock()
+			for k, e := range s.m {
+				if time.Since(e.seen) > time.Minute {
+					delete(s.m, k)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+var errStop = errors.New("stop")

@@ -1,0 +1,50 @@
+package listener
+
+import (
+	"context"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// Mint stores a new join secret under the current CA: the listener fills
+// in the OPAQUE record, the CA fingerprint, the endpoint and the key
+// stretching parameters. The returned secret is shown once and forgotten.
+func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.Secret, joincode.Secret, error) {
+	_, fp := l.CA()
+	rootFP, err := pki.ParseFingerprint(fp)
+	if err != nil {
+		return nil, joincode.Secret{}, err
+	}
+	spec.Secret.CAFingerprint = fp
+	spec.Secret.KSF = l.settings.KSF
+	if spec.Secret.Endpoint == "" {
+		spec.Secret.Endpoint = l.Endpoint()
+	}
+	kind := spec.Secret.Kind
+	spec.Mint = func(locator string) (joincode.Secret, []byte, error) {
+		var sec joincode.Secret
+		var err error
+		switch kind {
+		case cluster.KindCode:
+			sec, err = joincode.NewCode(locator)
+		case cluster.KindToken:
+			sec, err = joincode.NewToken(locator)
+		default:
+			sec, err = joincode.NewKey(locator)
+		}
+		if err != nil {
+			return sec, nil, err
+		}
+		rec, err := l.opaque.Mint(sec.Locator, sec.Password(), rootFP[:], l.settings.KSF)
+		return sec, rec, err
+	}
+	return l.cluster.Mint(ctx, spec)
+}
+
+// Endpoint is the first endpoint agents are told to dial.
+func (l *Listener) Endpoint() string { return l.settings.Endpoints[0] }
+
+// TrustDomain is the cluster's SPIFFE trust domain.
+func (l *Listener) TrustDomain() string { return l.settings.TrustDomain }

@@ -1,0 +1,64 @@
+package listener
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// renew serves one renewal on a mutually authenticated connection.
+func (l *Listener) renew(ctx context.Context, str Stream, peer []*x509.Certificate) quic.ApplicationErrorCode {
+	code, err := l.Renew(ctx, str, peer)
+	if err != nil {
+		l.logger.Debug("renewal ended", "err", err)
+	}
+	return code
+}
+
+// Renew runs the renewal exchange: the peer chain must verify under one of
+// the cluster's roots for client authentication; a certificate that merely
+// expired (the machine was off) is accepted if the node still stands.
+func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certificate) (quic.ApplicationErrorCode, error) {
+	if len(peer) == 0 {
+		return errCodeAuth, fmt.Errorf("renewal without a client certificate")
+	}
+	raw := certsDER(peer)
+	roots := l.Roots()
+	leaf, err := pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, l.now())
+	if err != nil && l.now().After(peer[0].NotAfter) {
+		// verify as of just before it expired
+		leaf, err = pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, peer[0].NotAfter.Add(-time.Second))
+	}
+	if err != nil {
+		return errCodeAuth, fmt.Errorf("client certificate: %w", err)
+	}
+	nodeID, _, err := pki.NodeIdentity(leaf, l.settings.TrustDomain)
+	if err != nil {
+		return errCodeAuth, err
+	}
+	str.SetReadDeadline(time.Now().Add(helloTimeout))
+	var req wire.Renew
+	if err := wire.Read(str, &req); err != nil {
+		return errCodeProtocol, fmt.Errorf("read renew: %w", err)
+	}
+	csr, err := x509.ParseCertificateRequest(req.CSR)
+	if err != nil || csr.CheckSignature() != nil {
+		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+	}
+	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(req.CSR)})
+	if err != nil {
+		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the renewal; try again"})
+		return errCodeInternal, err
+	}
+	return errCodeDone, wire.Write(str, l.result(out))
+}
