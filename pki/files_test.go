@@ -1,0 +1,146 @@
+package pki_test
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stratumjoin/stratum/pki"
+)
+
+func fileMode(t *testing.T, path string) fs.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+// assertOnly fails unless dir holds exactly the named entries: no
+// temporary file left behind.
+func assertOnly(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if strings.Join(got, " ") != strings.Join(names, " ") {
+		t.Errorf("%s holds %q, want exactly %q", dir, got, names)
+	}
+}
+
+func TestWriteSecretFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "keys")
+	path := filepath.Join(dir, "secret.key")
+
+	if err := pki.WriteSecretFile(path, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if m := fileMode(t, dir); m != 0o700 {
+		t.Errorf("created directory mode %#o, want 0700", m)
+	}
+	if m := fileMode(t, path); m != 0o600 {
+		t.Errorf("file mode %#o, want 0600", m)
+	}
+	if err := pki.WriteSecretFile(path, []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(readFile(t, path)); got != "two" {
+		t.Errorf("content %q after overwrite", got)
+	}
+	assertOnly(t, dir, "secret.key")
+}
+
+func TestWriteSecretFileNeverWidens(t *testing.T) {
+	tests := []struct {
+		before, after fs.FileMode
+	}{
+		{0o644, 0o600},
+		{0o666, 0o600},
+		{0o600, 0o600},
+		{0o400, 0o400},
+		{0o200, 0o200},
+	}
+	for _, tt := range tests {
+		dir := privateDir(t)
+		path := filepath.Join(dir, "k")
+		if err := os.WriteFile(path, []byte("old"), tt.before); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, tt.before); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		if err := pki.WriteSecretFile(path, []byte("new")); err != nil {
+			t.Fatal(err)
+		}
+		if m := fileMode(t, path); m != tt.after {
+			t.Errorf("%#o file became %#o, want %#o", tt.before, m, tt.after)
+		}
+		assertOnly(t, dir, "k")
+	}
+}
+
+func TestWriteSecretFileRefusesOpenDirectory(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := pki.WriteSecretFile(filepath.Join(dir, "k"), []byte("secret"))
+	if err == nil || !strings.Contains(err.Error(), "0700") {
+		t.Fatalf("error = %v, want a refusal naming 0700", err)
+	}
+	assertOnly(t, dir)
+}
+
+func TestWriteSecretFileCleansUpOnFailure(t *testing.T) {
+	dir := privateDir(t)
+	// Renaming a file over a non-empty directory fails after the
+	// temporary file is written.
+	target := filepath.Join(dir, "k")
+	if err := os.MkdirAll(filepath.Join(target, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.WriteSecretFile(target, []byte("secret")); err == nil {
+		t.Fatal("write over a directory succeeded")
+	}
+	assertOnly(t, dir, "k")
+}
+
+func TestWriteFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "node.crt")
+	if err := pki.WriteFile(path, []byte("cert"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if m := fileMode(t, path); m != 0o644 {
+		t.Errorf("mode %#o, want 0644", m)
+	}
+	assertOnly(t, dir, "node.crt")
+	if err := pki.WriteFile(filepath.Join(dir, "missing", "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if m := fileMode(t, filepath.Join(dir, "missing")); m != 0o700 {
+		t.Errorf("created directory mode %#o, want 0700", m)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "nope", "x")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal("unexpected file")
+	}
+}
+
+// privateDir returns a new empty 0700 directory (t.TempDir's are 0755).
+func privateDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "private")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

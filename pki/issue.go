@@ -1,0 +1,439 @@
+package pki
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Roles a node certificate can carry (DESIGN section 6).
+const (
+	RoleNode       = "node"
+	RoleNodeTenant = "node-tenant"
+)
+
+const (
+	// DefaultNodeLifetime is a node certificate's lifetime when the request
+	// names none; the agent renews at 2/3 of it.
+	DefaultNodeLifetime = 7 * 24 * time.Hour
+	// ListenerLifetime is a listener certificate's lifetime.
+	ListenerLifetime = 365 * 24 * time.Hour
+
+	// maxCSRSize bounds what we parse; a P-256 CSR is about 250 bytes.
+	maxCSRSize = 16 << 10
+	minRSABits = 2048
+	maxRSABits = 8192
+)
+
+var (
+	// ErrInvalidCSR marks a certificate request the listener refuses: not
+	// a CSR, a bad self-signature, or a key type or size we do not accept.
+	ErrInvalidCSR = errors.New("invalid certificate request")
+	// ErrInvalidRequest marks an issuing request whose listener-chosen
+	// fields (node id, trust domain, role, lifetime, names) are wrong: a
+	// bug in the caller, not the joiner's doing.
+	ErrInvalidRequest = errors.New("invalid issuing request")
+)
+
+// NodeRequest is what the listener decided about a node certificate. Only
+// the CSR comes from the node, and only its public key is used.
+type NodeRequest struct {
+	CSR         []byte // DER, from the agent's Proof
+	NodeID      string // chosen by the listener, see NodeID
+	TrustDomain string
+	Role        string        // RoleNode or RoleNodeTenant
+	Lifetime    time.Duration // 0 means DefaultNodeLifetime
+	Now         time.Time     // zero means time.Now()
+}
+
+// IssueNode signs a node certificate for req and returns its DER. The
+// certificate has CN = NodeID, exactly one URI SAN (NodeURI), no other SAN
+// whatever the CSR asks for, CA:FALSE, digitalSignature, clientAuth and
+// serverAuth, a random 128-bit serial, and a lifetime capped at the CA's
+// expiry. It is verified against the root before it is returned.
+func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
+	if !ValidTrustDomain(req.TrustDomain) {
+		return nil, fmt.Errorf("issue node: %w: trust domain %q", ErrInvalidRequest, req.TrustDomain)
+	}
+	if !ValidNodeID(req.NodeID) {
+		return nil, fmt.Errorf("issue node: %w: node id %q", ErrInvalidRequest, req.NodeID)
+	}
+	if req.Role != RoleNode && req.Role != RoleNodeTenant {
+		return nil, fmt.Errorf("issue node: %w: role %q", ErrInvalidRequest, req.Role)
+	}
+	lifetime := req.Lifetime
+	if lifetime == 0 {
+		lifetime = DefaultNodeLifetime
+	}
+	if lifetime < 0 {
+		return nil, fmt.Errorf("issue node: %w: negative lifetime %v", ErrInvalidRequest, lifetime)
+	}
+	pub, err := parseCSR(req.CSR)
+	if err != nil {
+		return nil, fmt.Errorf("issue node: %w", err)
+	}
+	now := req.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	uri := NodeURI(req.TrustDomain, req.Role, req.NodeID)
+	spec := leafSpec{
+		commonName: req.NodeID,
+		uri:        uri,
+		usage:      x509.ExtKeyUsageClientAuth,
+	}
+	cert, err := ca.issueLeaf(spec, pub, now, lifetime)
+	if err != nil {
+		return nil, fmt.Errorf("issue node %s: %w", req.NodeID, err)
+	}
+	return cert.Raw, nil
+}
+
+// IssueListener signs the listener's QUIC server certificate for pub: URI
+// SAN ListenerIdentity(trustDomain) plus the given DNS names and IPs,
+// serverAuth and clientAuth, valid for ListenerLifetime capped at the CA's
+// expiry.
+func (ca *CA) IssueListener(pub crypto.PublicKey, trustDomain string, dnsNames []string, ips []net.IP, now time.Time) ([]byte, error) {
+	if !ValidTrustDomain(trustDomain) {
+		return nil, fmt.Errorf("issue listener: %w: trust domain %q", ErrInvalidRequest, trustDomain)
+	}
+	if err := checkKey(pub); err != nil {
+		return nil, fmt.Errorf("issue listener: %w: %w", ErrInvalidRequest, err)
+	}
+	for _, name := range dnsNames {
+		if !validDNSName(name) {
+			return nil, fmt.Errorf("issue listener: %w: dns name %q", ErrInvalidRequest, name)
+		}
+	}
+	for _, ip := range ips {
+		if len(ip) != net.IPv4len && len(ip) != net.IPv6len {
+			return nil, fmt.Errorf("issue listener: %w: ip address %v", ErrInvalidRequest, ip)
+		}
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	spec := leafSpec{
+		commonName: "Stratum Join listener " + trustDomain,
+		uri:        ListenerIdentity(trustDomain),
+		dnsNames:   dnsNames,
+		ips:        ips,
+		usage:      x509.ExtKeyUsageServerAuth,
+	}
+	cert, err := ca.issueLeaf(spec, pub, now, ListenerLifetime)
+	if err != nil {
+		return nil, fmt.Errorf("issue listener: %w", err)
+	}
+	return cert.Raw, nil
+}
+
+// leafSpec is everything a leaf certificate says, as the listener decided
+// it; the validator holds the issued certificate to exactly this.
+type leafSpec struct {
+	commonName string
+	uri        string
+	dnsNames   []string
+	ips        []net.IP
+	usage      x509.ExtKeyUsage // the usage the chain is verified for
+}
+
+var leafExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}
+
+func (ca *CA) issueLeaf(spec leafSpec, pub crypto.PublicKey, now time.Time, lifetime time.Duration) (*x509.Certificate, error) {
+	u, err := url.Parse(spec.uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w: uri %q: %w", ErrInvalidRequest, spec.uri, err)
+	}
+	notAfter := now.Add(lifetime)
+	if notAfter.After(ca.notAfter) {
+		notAfter = ca.notAfter
+	}
+	if !notAfter.After(now) {
+		return nil, fmt.Errorf("ca expired at %s", ca.notAfter.UTC().Format(time.RFC3339))
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: spec.commonName},
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           leafExtKeyUsage,
+		BasicConstraintsValid: true,
+		IsCA:                  false,
+		URIs:                  []*url.URL{u},
+		DNSNames:              spec.dnsNames,
+		IPAddresses:           spec.ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert(), pub, ca.signer)
+	if err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse issued certificate: %w", err)
+	}
+	if err := ca.validateLeaf(cert, spec, pub, now); err != nil {
+		return nil, fmt.Errorf("issued certificate failed validation: %w", err)
+	}
+	return cert, nil
+}
+
+// validateLeaf is the last check before a certificate leaves the CA: it
+// must chain to the root for its purpose and say exactly what spec says.
+func (ca *CA) validateLeaf(cert *x509.Certificate, spec leafSpec, pub crypto.PublicKey, now time.Time) error {
+	if _, err := cert.Verify(x509.VerifyOptions{
+		Roots:         ca.roots,
+		Intermediates: ca.intermediates,
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{spec.usage},
+	}); err != nil {
+		return err
+	}
+	switch {
+	case !cert.BasicConstraintsValid || cert.IsCA:
+		return errors.New("not marked CA:FALSE")
+	case cert.KeyUsage != x509.KeyUsageDigitalSignature:
+		return errors.New("unexpected key usage")
+	case !slices.Equal(cert.ExtKeyUsage, leafExtKeyUsage) || len(cert.UnknownExtKeyUsage) != 0:
+		return errors.New("unexpected extended key usage")
+	case len(cert.Subject.Names) != 1 || cert.Subject.CommonName != spec.commonName:
+		return fmt.Errorf("unexpected subject %q", cert.Subject.String())
+	case len(cert.URIs) != 1 || cert.URIs[0].String() != spec.uri:
+		return fmt.Errorf("unexpected uri sans %v", cert.URIs)
+	case !slices.Equal(cert.DNSNames, spec.dnsNames):
+		return fmt.Errorf("unexpected dns sans %v", cert.DNSNames)
+	case !slices.EqualFunc(cert.IPAddresses, spec.ips, net.IP.Equal):
+		return fmt.Errorf("unexpected ip sans %v", cert.IPAddresses)
+	case len(cert.EmailAddresses) != 0:
+		return errors.New("unexpected email sans")
+	case !publicKeysEqual(pub, cert.PublicKey):
+		return errors.New("public key differs from the requested one")
+	}
+	return nil
+}
+
+// parseCSR returns the public key of a well-formed, correctly self-signed
+// CSR with an acceptable key. Nothing else in the CSR is looked at.
+func parseCSR(der []byte) (crypto.PublicKey, error) {
+	if len(der) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrInvalidCSR)
+	}
+	if len(der) > maxCSRSize {
+		return nil, fmt.Errorf("%w: %d bytes, over the %d-byte limit", ErrInvalidCSR, len(der), maxCSRSize)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
+	}
+	if err := checkKey(csr.PublicKey); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("%w: signature does not verify: %w", ErrInvalidCSR, err)
+	}
+	return csr.PublicKey, nil
+}
+
+// checkKey accepts ECDSA P-256 and P-384, Ed25519, and RSA of 2048 to 8192
+// bits.
+func checkKey(pub crypto.PublicKey) error {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
+			return fmt.Errorf("ecdsa curve %s is not accepted (want P-256 or P-384)", k.Curve.Params().Name)
+		}
+	case ed25519.PublicKey:
+		if len(k) != ed25519.PublicKeySize {
+			return errors.New("malformed ed25519 key")
+		}
+	case *rsa.PublicKey:
+		bits := k.N.BitLen()
+		if bits < minRSABits {
+			return fmt.Errorf("rsa key of %d bits is below the %d-bit minimum", bits, minRSABits)
+		}
+		if bits > maxRSABits {
+			return fmt.Errorf("rsa key of %d bits is over the %d-bit maximum", bits, maxRSABits)
+		}
+	default:
+		return fmt.Errorf("key type %T is not accepted", pub)
+	}
+	return nil
+}
+
+// ValidTrustDomain reports whether s is a SPIFFE trust domain name:
+// 1 to 255 characters of lowercase letters, digits, '.', '-' and '_'.
+func ValidTrustDomain(s string) bool {
+	if len(s) == 0 || len(s) > 255 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// validDNSName accepts host names of letters, digits, '-' and '.', without
+// wildcards: the listener is one host, never a pattern.
+func validDNSName(s string) bool {
+	if len(s) == 0 || len(s) > 253 || s[0] == '.' || s[len(s)-1] == '.' {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if len(label) == 0 || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// ListenerIdentity is the URI SAN of the listener's certificate. The agent
+// requires it on the QUIC leaf: node certificates also carry serverAuth and
+// must not pass for the listener.
+func ListenerIdentity(trustDomain string) string {
+	return "spiffe://" + trustDomain + "/listener"
+}
+
+// NodeURI is the URI SAN of a node certificate:
+// spiffe://<td>/node/<id> for RoleNode, spiffe://<td>/node-tenant/<id> for
+// RoleNodeTenant.
+func NodeURI(trustDomain, role, nodeID string) string {
+	return "spiffe://" + trustDomain + "/" + role + "/" + nodeID
+}
+
+// NodeIdentity reads a node certificate's identity: its one URI SAN must be
+// a node URI in trustDomain with a valid node id that is also its CN.
+func NodeIdentity(cert *x509.Certificate, trustDomain string) (nodeID, role string, err error) {
+	if len(cert.URIs) != 1 {
+		return "", "", fmt.Errorf("node certificate has %d uri sans, want 1", len(cert.URIs))
+	}
+	u := cert.URIs[0]
+	td, path, err := spiffeParts(u)
+	if err != nil {
+		return "", "", fmt.Errorf("node certificate: %w", err)
+	}
+	if td != trustDomain {
+		return "", "", fmt.Errorf("node certificate is for trust domain %q, want %q", td, trustDomain)
+	}
+	role, nodeID, ok := strings.Cut(strings.TrimPrefix(path, "/"), "/")
+	if !ok || (role != RoleNode && role != RoleNodeTenant) || !ValidNodeID(nodeID) {
+		return "", "", fmt.Errorf("node certificate uri %q is not a node identity", u.String())
+	}
+	if cert.Subject.CommonName != nodeID {
+		return "", "", fmt.Errorf("node certificate cn %q differs from its uri's node id", cert.Subject.CommonName)
+	}
+	return nodeID, role, nil
+}
+
+// spiffeParts splits a SPIFFE ID into trust domain and path, refusing
+// anything a SPIFFE ID may not have.
+func spiffeParts(u *url.URL) (trustDomain, path string, err error) {
+	if u.Scheme != "spiffe" || u.Opaque != "" || u.User != nil || u.Port() != "" ||
+		u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || u.RawPath != "" {
+		return "", "", fmt.Errorf("uri %q is not a spiffe id", u.String())
+	}
+	if !ValidTrustDomain(u.Host) {
+		return "", "", fmt.Errorf("uri %q has an invalid trust domain", u.String())
+	}
+	return u.Host, u.Path, nil
+}
+
+// VerifyNodeChain checks a certificate chain a node presents (leaf first,
+// as in tls.Config.VerifyPeerCertificate) against roots for client
+// authentication at now, and that the leaf is a node certificate of
+// trustDomain. It returns the leaf; NodeIdentity reads its id and role.
+func VerifyNodeChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (*x509.Certificate, error) {
+	leaf, err := verifyChain(rawCerts, roots, x509.ExtKeyUsageClientAuth, now)
+	if err != nil {
+		return nil, fmt.Errorf("verify node: %w", err)
+	}
+	if _, _, err := NodeIdentity(leaf, trustDomain); err != nil {
+		return nil, fmt.Errorf("verify node: %w", err)
+	}
+	return leaf, nil
+}
+
+// VerifyListenerChain checks the chain a listener presents against roots
+// (for an agent, the root it learned through the PAKE) for server
+// authentication at now, and that the leaf's only URI SAN is
+// ListenerIdentity. An empty trustDomain accepts the listener of any trust
+// domain, for an agent that does not know it yet; the trust domain found is
+// returned.
+func VerifyListenerChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (leaf *x509.Certificate, td string, err error) {
+	leaf, err = verifyChain(rawCerts, roots, x509.ExtKeyUsageServerAuth, now)
+	if err != nil {
+		return nil, "", fmt.Errorf("verify listener: %w", err)
+	}
+	if len(leaf.URIs) != 1 {
+		return nil, "", fmt.Errorf("verify listener: leaf has %d uri sans, want 1", len(leaf.URIs))
+	}
+	td, path, err := spiffeParts(leaf.URIs[0])
+	if err != nil {
+		return nil, "", fmt.Errorf("verify listener: %w", err)
+	}
+	if path != "/listener" || (trustDomain != "" && td != trustDomain) {
+		return nil, "", fmt.Errorf("verify listener: leaf identity %q is not the listener's", leaf.URIs[0].String())
+	}
+	return leaf, td, nil
+}
+
+func verifyChain(rawCerts [][]byte, roots []*x509.Certificate, usage x509.ExtKeyUsage, now time.Time) (*x509.Certificate, error) {
+	if len(rawCerts) == 0 {
+		return nil, errors.New("no certificate presented")
+	}
+	if len(roots) == 0 {
+		return nil, errors.New("no trusted root")
+	}
+	certs := make([]*x509.Certificate, len(rawCerts))
+	for i, raw := range rawCerts {
+		c, err := x509.ParseCertificate(raw)
+		if err != nil {
+			return nil, fmt.Errorf("parse certificate %d: %w", i+1, err)
+		}
+		certs[i] = c
+	}
+	leaf := certs[0]
+	if !leaf.BasicConstraintsValid || leaf.IsCA {
+		return nil, errors.New("leaf is not an end-entity certificate")
+	}
+	opts := x509.VerifyOptions{
+		Roots:         x509.NewCertPool(),
+		Intermediates: x509.NewCertPool(),
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{usage},
+	}
+	for _, r := range roots {
+		opts.Roots.AddCert(r)
+	}
+	for _, c := range certs[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	if _, err := leaf.Verify(opts); err != nil {
+		return nil, err
+	}
+	return leaf, nil
+}
