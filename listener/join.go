@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -48,7 +49,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	}
 
 	start := time.Now()
-	att, err := l.cluster.BeginAttempt(ctx, hello.Locator)
+	att, err := l.beginAttempt(ctx, hello.Locator)
 	if err != nil {
 		// the count's outcome is unknown: it counts as spent, and nothing
 		// is answered
@@ -93,18 +94,24 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	var proof wire.Proof
 	if err := wire.Read(str, &proof); err != nil {
 		// a wrong code: the agent sends nothing more; the attempt stays counted
+		l.abandon(att)
 		return errCodeNotProof, fmt.Errorf("read proof: %w", err)
+	}
+	if h := l.cfg.Hooks.Proof; h != nil {
+		h(hello.Locator)
 	}
 	if record == nil {
 		return errCodeNotProof, pake.ErrNotAccepted
 	}
 	if err := login.Finish(proof.KE3); err != nil {
+		l.abandon(att)
 		return errCodeNotProof, err
 	}
 	str.SetReadDeadline(time.Time{})
 
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
 	if err != nil || csr.CheckSignature() != nil {
+		l.abandon(att)
 		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
@@ -243,5 +250,35 @@ func (c *costModel) pad(ctx context.Context, spent time.Duration) {
 		case <-ctx.Done():
 		case <-t.C:
 		}
+	}
+}
+
+// beginAttempt counts the attempt, waiting while the secret's attempts
+// are all in flight (ErrBusy) so that holders proving the right code at
+// once are not taken for a guessing storm.
+func (l *Listener) beginAttempt(ctx context.Context, locator string) (cluster.Attempt, error) {
+	ctx, cancel := context.WithTimeout(ctx, cluster.LeaseTime)
+	defer cancel()
+	for {
+		att, err := l.cluster.BeginAttempt(ctx, locator)
+		if !errors.Is(err, cluster.ErrBusy) {
+			return att, err
+		}
+		t := time.NewTimer(time.Duration(20+rand.IntN(80)) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return att, err
+		case <-t.C:
+		}
+	}
+}
+
+// abandon frees a failed attempt's lease; it stays counted.
+func (l *Listener) abandon(att cluster.Attempt) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.cluster.Abandon(ctx, att); err != nil {
+		l.logger.Warn("free attempt lease", "err", err)
 	}
 }

@@ -58,6 +58,8 @@ type Hooks struct {
 	// it was computed from a stored record (not a fake one), counted
 	// whether the attempt was counted.
 	Challenge func(locator string, real, counted bool)
+	// Proof is called when a Proof frame arrives, before KE3 is checked.
+	Proof func(locator string)
 }
 
 // Listener serves joins, renewals and the admin API.

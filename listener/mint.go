@@ -44,7 +44,19 @@ func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.
 }
 
 // Endpoint is the first endpoint agents are told to dial.
-func (l *Listener) Endpoint() string { return l.settings.Endpoints[0] }
+func (l *Listener) Endpoint() string {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.settings.Endpoints[0]
+}
+
+// SetEndpoint overrides the endpoint minted secrets name (tests listening
+// on an ephemeral port).
+func (l *Listener) SetEndpoint(ep string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.settings.Endpoints = append([]string{ep}, l.settings.Endpoints[1:]...)
+}
 
 // TrustDomain is the cluster's SPIFFE trust domain.
 func (l *Listener) TrustDomain() string { return l.settings.TrustDomain }

@@ -18,7 +18,17 @@ import (
 type Attempt struct {
 	Secret  *Secret // nil for an unknown locator
 	Counted bool
+	LeaseID string
 }
+
+// LeaseTime bounds how long a counted attempt may stay in flight before
+// it is taken as failed; the listener waits no longer for a Proof.
+const LeaseTime = 90 * time.Second
+
+// ErrBusy means the secret already has MaxUnproven attempts counted and
+// some are still in flight: the start must wait for them rather than burn
+// a code that its holders may be proving right now.
+var ErrBusy = errors.New("too many attempts in flight for this secret")
 
 // BeginAttempt looks up a locator and, for a live secret, counts one
 // unproven attempt in a single durable transaction before KE2 may leave.
@@ -42,12 +52,20 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 		var evs []Event
 		ops := []store.Op{}
 		counted := true
+		leaseID := ""
+		s.liveLeases(now)
+		if s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
+			return Attempt{}, ErrBusy
+		}
 		if s.Unproven+1 > MaxUnproven {
+			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
 			ev, evOp := c.newEvent(EventSecretBurned, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(s.Unproven)})
 			evs, ops, counted = append(evs, ev), append(ops, evOp), false
 		} else {
 			s.Unproven++
+			leaseID = randomID("", 8)
+			s.Leases = append(s.Leases, Lease{ID: leaseID, Until: now.Add(LeaseTime)})
 		}
 		ops = append(ops, putJSON(pfxSecret+s.ID, s))
 		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, ops)
@@ -56,10 +74,36 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 		}
 		if ok {
 			c.logEvents(evs...)
-			return Attempt{Secret: s, Counted: counted}, nil
+			return Attempt{Secret: s, Counted: counted, LeaseID: leaseID}, nil
 		}
 	}
 	return Attempt{}, ErrConflict
+}
+
+// Abandon ends a counted attempt that will never be proven (wrong code,
+// timeout, broken connection): it stays counted, and its lease is freed
+// so waiting starts can go on. Without this call the lease expires.
+func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
+	if !att.Counted || att.LeaseID == "" {
+		return nil
+	}
+	for range maxCASRounds {
+		var s Secret
+		rev, found, err := getJSON(ctx, c.store, pfxSecret+att.Secret.ID, &s)
+		if err != nil || !found {
+			return err
+		}
+		before := len(s.Leases)
+		s.dropLease(att.LeaseID)
+		if len(s.Leases) == before {
+			return nil
+		}
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, []store.Op{putJSON(pfxSecret+s.ID, s)})
+		if err != nil || ok {
+			return err
+		}
+	}
+	return ErrConflict
 }
 
 // Issuer signs a node certificate for nodeID with role; it is called
@@ -120,6 +164,7 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 		tx := &txn{cmps: []store.Cmp{{Key: pfxSecret + id, Rev: rev}}}
 		if req.Attempt.Counted && s.Unproven > 0 {
 			s.Unproven--
+			s.dropLease(req.Attempt.LeaseID)
 		}
 		out, err := c.prove(ctx, tx, &s, req, now)
 		if err != nil {

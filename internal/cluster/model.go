@@ -114,6 +114,9 @@ type Secret struct {
 	RevokedBy       string         `json:"revokedBy,omitempty"`
 	Key             *KeyAttrs      `json:"key,omitempty"`
 	IdempotencyHash string         `json:"idempotencyHash,omitempty"`
+	// Leases are the counted attempts still in flight: their KE3 may yet
+	// verify. An expired lease is a failed attempt (it stays counted).
+	Leases []Lease `json:"leases,omitempty"`
 	// AddressesUsed counts addresses handed out per CIDR (join keys).
 	AddressesUsed map[string]uint64 `json:"addressesUsed,omitempty"`
 }
@@ -136,6 +139,33 @@ func (s *Secret) Live(now time.Time) bool { return s.State(now) == stateLive }
 
 // Burned reports whether the secret was revoked for too many attempts.
 func (s *Secret) Burned() bool { return s.RevokedBy == BurnedBy }
+
+// Lease marks one counted attempt in flight.
+type Lease struct {
+	ID    string    `json:"id"`
+	Until time.Time `json:"until"`
+}
+
+// liveLeases drops expired leases.
+func (s *Secret) liveLeases(now time.Time) {
+	kept := s.Leases[:0]
+	for _, l := range s.Leases {
+		if now.Before(l.Until) {
+			kept = append(kept, l)
+		}
+	}
+	s.Leases = kept
+}
+
+func (s *Secret) dropLease(id string) {
+	kept := s.Leases[:0]
+	for _, l := range s.Leases {
+		if l.ID != id {
+			kept = append(kept, l)
+		}
+	}
+	s.Leases = kept
+}
 
 // Node is a joined machine.
 type Node struct {

@@ -18,7 +18,9 @@ import (
 )
 
 // KV is one stored key. Rev is the revision of the transaction that last
-// wrote it; it is never 0 for a key that exists.
+// wrote it; it is never 0 for a key that exists. Revisions are global to the
+// store, as in etcd: each Txn that writes gets one revision, greater than
+// every revision before it, and stamps it on every key it writes.
 type KV struct {
 	Key   string
 	Value []byte
@@ -26,7 +28,7 @@ type KV struct {
 }
 
 // Cmp holds when Key's current modification revision equals Rev. Rev 0
-// means "the key does not exist".
+// means "the key does not exist", so {Key: k} guards a create-if-absent.
 type Cmp struct {
 	Key string
 	Rev int64
@@ -40,7 +42,10 @@ type Op struct {
 }
 
 // Store is implemented by each backend. Values returned are copies the
-// caller owns.
+// caller owns, and a Txn does not keep the caller's Op.Value slices.
+//
+// Give every call a deadline: the etcd backend waits for its cluster for as
+// long as the context allows.
 type Store interface {
 	// Get returns the key; a missing key is KV{Key: key} with Rev 0 and no error.
 	Get(ctx context.Context, key string) (KV, error)
@@ -49,8 +54,14 @@ type Store interface {
 	// in ascending key order.
 	List(ctx context.Context, prefix, after string, limit int) ([]KV, error)
 	// Txn applies every op atomically and durably if every cmp holds, and
-	// reports whether it did. An error means the outcome is unknown.
+	// reports whether it did; with no ops it only evaluates the cmps. An
+	// error means the outcome is unknown: callers count it as an attempt
+	// spent. Both backends refuse, with an error and no effect, an empty
+	// key, a key written twice in one Txn, and more than 128 cmps or 128
+	// ops (etcd's default --max-txn-ops).
 	Txn(ctx context.Context, cmps []Cmp, ops []Op) (bool, error)
+	// Close releases the backend. Calls after Close return errors; a second
+	// Close returns nil.
 	Close() error
 }
 
@@ -92,6 +103,12 @@ func Schemes() []string {
 func Open(ctx context.Context, rawURL string) (Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		// url.Error quotes the whole input, which may hold credentials;
+		// keep only the reason.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, fmt.Errorf("parse store url: %w", err)
 	}
 	mu.Lock()

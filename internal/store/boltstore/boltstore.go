@@ -1,0 +1,309 @@
+// Package boltstore is the default store backend: one bbolt file on the
+// listener's disk, written with fsync on every transaction.
+//
+// It registers the URL scheme "bolt" with package store, so a blank import
+// makes store.Open accept bolt:/var/lib/stratum/state.db (or the equivalent
+// bolt:///var/lib/stratum/state.db). The path must be absolute.
+//
+// Layout: bucket "kv" maps each key to an 8-byte big-endian revision followed
+// by the value; bucket "meta" holds the global revision counter under "rev".
+// Every successful Txn that writes bumps the counter once and stamps that one
+// revision on every key it writes, as etcd does, so revisions from this
+// backend and from etcdstore mean the same thing to callers.
+//
+// The file holds OPAQUE records, from which short join codes could be
+// attacked offline, so it is created 0600 (its directory 0700) and Open
+// refuses a file that group or others can read or write.
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/stratumjoin/stratum/internal/store"
+)
+
+// DefaultTimeout is how long Open waits for another process to release the
+// file lock when Options.Timeout is zero.
+const DefaultTimeout = time.Second
+
+var (
+	bucketKV   = []byte("kv")
+	bucketMeta = []byte("meta")
+	keyRev     = []byte("rev")
+)
+
+// revLen is the size of the revision stamped before every stored value.
+const revLen = 8
+
+// These roll back a bbolt write transaction that has nothing to write, so a
+// failed compare-and-swap costs no page write and no fsync.
+var (
+	errCmpFailed = errors.New("comparison failed")
+	errNoWrites  = errors.New("nothing to write")
+)
+
+func init() {
+	store.Register("bolt", func(_ context.Context, u *url.URL) (store.Store, error) {
+		path, err := pathFromURL(u)
+		if err != nil {
+			return nil, err
+		}
+		return Open(path, Options{})
+	})
+}
+
+// pathFromURL accepts bolt:/abs/path and bolt:///abs/path.
+func pathFromURL(u *url.URL) (string, error) {
+	if u.Host != "" {
+		return "", fmt.Errorf("bolt store url: unexpected host %q, want bolt:/abs/path or bolt:///abs/path", u.Host)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return "", errors.New("bolt store url: query and fragment are not supported")
+	}
+	path := u.Path
+	if u.Opaque != "" {
+		path = u.Opaque
+	}
+	if !filepath.IsAbs(path) {
+		return "", fmt.Errorf("bolt store url: path %q is not absolute", path)
+	}
+	return filepath.Clean(path), nil
+}
+
+// Options tunes Open.
+type Options struct {
+	// Timeout bounds the wait for the file lock that another open of the same
+	// file holds; zero means DefaultTimeout. bbolt would otherwise wait forever.
+	Timeout time.Duration
+}
+
+// Store is a store.Store on one bbolt file.
+type Store struct {
+	db *bolt.DB
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens or creates the bbolt file at path, creating its parent
+// directory 0700 when missing.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create store directory: %w", err)
+	}
+	if fi, err := os.Stat(path); err == nil {
+		if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+			return nil, fmt.Errorf("store file %s has mode %#o, want 0600: fix it with chmod 600", path, perm)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("stat store file: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("open store file %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketKV, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("initialise store file %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close releases the file and its lock.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close store file: %w", err)
+	}
+	return nil
+}
+
+// decode copies a stored record out of bbolt's memory map, which is only
+// valid until the transaction ends.
+func decode(key string, raw []byte) (store.KV, error) {
+	if len(raw) < revLen {
+		return store.KV{}, fmt.Errorf("store record %q is corrupt: %d bytes", key, len(raw))
+	}
+	return store.KV{
+		Key:   key,
+		Value: bytes.Clone(raw[revLen:]),
+		Rev:   int64(binary.BigEndian.Uint64(raw[:revLen])),
+	}, nil
+}
+
+// revOf returns the modification revision stored for key, 0 when absent.
+func revOf(b *bolt.Bucket, key string) (int64, error) {
+	raw := b.Get([]byte(key))
+	if raw == nil {
+		return 0, nil
+	}
+	if len(raw) < revLen {
+		return 0, fmt.Errorf("store record %q is corrupt: %d bytes", key, len(raw))
+	}
+	return int64(binary.BigEndian.Uint64(raw[:revLen])), nil
+}
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (store.KV, error) {
+	if err := ctx.Err(); err != nil {
+		return store.KV{}, err
+	}
+	kv := store.KV{Key: key}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		raw := tx.Bucket(bucketKV).Get([]byte(key))
+		if raw == nil {
+			return nil
+		}
+		var err error
+		kv, err = decode(key, raw)
+		return err
+	})
+	if err != nil {
+		return store.KV{}, fmt.Errorf("get %q: %w", key, err)
+	}
+	return kv, nil
+}
+
+// List implements store.Store.
+func (s *Store) List(ctx context.Context, prefix, after string, limit int) ([]store.KV, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	start := []byte(prefix)
+	if after >= prefix {
+		// The smallest key strictly after `after`.
+		start = append([]byte(after), 0)
+	}
+	var out []store.KV
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketKV).Cursor()
+		for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = c.Next() {
+			if limit > 0 && len(out) == limit {
+				break
+			}
+			kv, err := decode(string(k), v)
+			if err != nil {
+				return err
+			}
+			out = append(out, kv)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	return out, nil
+}
+
+// Txn implements store.Store: the comparisons and the writes happen in one
+// bbolt write transaction, which bbolt serialises and fsyncs on commit.
+func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool, error) {
+	if err := checkOps(cmps, ops); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		kv := tx.Bucket(bucketKV)
+		for _, c := range cmps {
+			rev, err := revOf(kv, c.Key)
+			if err != nil {
+				return err
+			}
+			if rev != c.Rev {
+				return errCmpFailed
+			}
+		}
+		if len(ops) == 0 {
+			// Nothing to write: roll back rather than commit an empty
+			// transaction, and leave the revision alone as etcd does.
+			return errNoWrites
+		}
+		meta := tx.Bucket(bucketMeta)
+		var rev uint64
+		if raw := meta.Get(keyRev); raw != nil {
+			if len(raw) != revLen {
+				return fmt.Errorf("store revision counter is corrupt: %d bytes", len(raw))
+			}
+			rev = binary.BigEndian.Uint64(raw)
+		}
+		rev++
+		stamp := binary.BigEndian.AppendUint64(nil, rev)
+		if err := meta.Put(keyRev, stamp); err != nil {
+			return err
+		}
+		for _, op := range ops {
+			var err error
+			if op.Delete {
+				err = kv.Delete([]byte(op.Key))
+			} else {
+				// A fresh buffer: bbolt keeps the slice until commit, and
+				// the caller may reuse op.Value as soon as Txn returns.
+				rec := make([]byte, 0, revLen+len(op.Value))
+				rec = append(append(rec, stamp...), op.Value...)
+				err = kv.Put([]byte(op.Key), rec)
+			}
+			if err != nil {
+				return fmt.Errorf("write %q: %w", op.Key, err)
+			}
+		}
+		return nil
+	})
+	switch {
+	case err == nil, errors.Is(err, errNoWrites):
+		return true, nil
+	case errors.Is(err, errCmpFailed):
+		return false, nil
+	default:
+		return false, fmt.Errorf("store txn: %w", err)
+	}
+}
+
+// maxTxnOps is etcd's default --max-txn-ops; enforcing it here too keeps a
+// transaction that works on one file from failing on a shared cluster.
+const maxTxnOps = 128
+
+// checkOps rejects what etcd would reject, so both backends refuse the same
+// transactions: too many comparisons or operations, an empty key, or one key
+// written twice.
+func checkOps(cmps []store.Cmp, ops []store.Op) error {
+	if len(cmps) > maxTxnOps || len(ops) > maxTxnOps {
+		return fmt.Errorf("store txn: %d comparisons and %d operations, at most %d of each", len(cmps), len(ops), maxTxnOps)
+	}
+	for _, c := range cmps {
+		if c.Key == "" {
+			return errors.New("store txn: empty key in comparison")
+		}
+	}
+	seen := make(map[string]bool, len(ops))
+	for _, op := range ops {
+		if op.Key == "" {
+			return errors.New("store txn: empty key in operation")
+		}
+		if seen[op.Key] {
+			return fmt.Errorf("store txn: key %q written twice", op.Key)
+		}
+		seen[op.Key] = true
+	}
+	return nil
+}

@@ -1,0 +1,395 @@
+package listener_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"errors"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/listener"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/listenertest"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+func mint(t testing.TB, l *listenertest.Listener, req adminapi.MintCodeRequest) (joincode.Secret, adminapi.Code) {
+	t.Helper()
+	c, err := l.Admin.MintCode(context.Background(), req)
+	if err != nil {
+		t.Fatalf("mint: %v", err)
+	}
+	sec, err := joincode.Parse(c.Code)
+	if err != nil {
+		t.Fatalf("minted code does not parse: %v", err)
+	}
+	return sec, c
+}
+
+func join(t testing.TB, l *listenertest.Listener, sec joincode.Secret, facts wire.Facts) (*agent.Joined, string, error) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "state")
+	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec, Facts: facts})
+	return j, dir, err
+}
+
+func uses(n int) *int { return &n }
+
+func TestJoinIssuesVerifiableCertificate(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	j, dir, err := join(t, l, sec, wire.Facts{Hostname: "gpu-01"})
+	if err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	out, err := exec.Command("openssl", "verify", "-CAfile", filepath.Join(dir, agent.CAFile), filepath.Join(dir, agent.CertFile)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), ": OK") {
+		t.Fatalf("openssl verify: %v\n%s", err, out)
+	}
+	// the certificate's key is node.key's
+	keyPub, err := exec.Command("openssl", "pkey", "-in", filepath.Join(dir, agent.KeyFile), "-pubout").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPub, err := exec.Command("openssl", "x509", "-in", filepath.Join(dir, agent.CertFile), "-noout", "-pubkey").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(keyPub, certPub) {
+		t.Fatalf("certificate key differs from node.key:\n%s\n%s", keyPub, certPub)
+	}
+	if j.Identity.CAFingerprint != code.CAFingerprint {
+		t.Fatalf("pinned %s, code minted under %s", j.Identity.CAFingerprint, code.CAFingerprint)
+	}
+	leaf := j.Chain[0]
+	if leaf.Subject.CommonName != j.Identity.NodeID || len(leaf.URIs) != 1 || leaf.URIs[0].String() != "spiffe://stratum.local/node/"+j.Identity.NodeID {
+		t.Fatalf("names: CN %q URIs %v", leaf.Subject.CommonName, leaf.URIs)
+	}
+	if !pki.ValidNodeID(j.Identity.NodeID) || j.Identity.Role != cluster.RoleNode || j.Identity.Trust != cluster.TrustPlatform {
+		t.Fatalf("identity %+v", j.Identity)
+	}
+	n, err := l.Admin.Node(context.Background(), j.Identity.NodeID)
+	if err != nil || n.Facts.Hostname != "gpu-01" || n.SecretID != code.ID {
+		t.Fatalf("node record %+v %v", n, err)
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.Registrations != 1 || c.Uses != 1 || c.FailedAttempts != 0 || c.State != "expired" {
+		t.Fatalf("code after join: %+v", c)
+	}
+}
+
+func TestListenerDecidesCertificateNames(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	bc, _ := asn1.Marshal(struct {
+		IsCA bool `asn1:"optional"`
+	}{true})
+	evil, _ := url.Parse("spiffe://stratum.local/listener")
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject:         pkix.Name{CommonName: "admin", Organization: []string{"system:masters"}},
+		DNSNames:        []string{"kubernetes.default", "listener.example"},
+		URIs:            []*url.URL{evil},
+		ExtraExtensions: []pkix.Extension{{Id: asn1.ObjectIdentifier{2, 5, 29, 19}, Critical: true, Value: bc}},
+	}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := rawJoin{Secret: sec, CSR: csr}.run(context.Background(), l.Endpoint)
+	if err != nil || out.PAKEErr != nil || len(out.Results) != 1 {
+		t.Fatalf("raw join: %v %v %+v", err, out.PAKEErr, out.Results)
+	}
+	res := out.Results[0]
+	if res.Status != wire.StatusJoined {
+		t.Fatalf("result %+v", res)
+	}
+	cert, _ := x509.ParseCertificate(res.CertChain[0])
+	if cert.Subject.CommonName != res.NodeID || len(cert.Subject.Organization) != 0 || len(cert.DNSNames) != 0 || len(cert.URIs) != 1 ||
+		cert.URIs[0].String() != "spiffe://stratum.local/node/"+res.NodeID || cert.IsCA || !cert.BasicConstraintsValid {
+		t.Fatalf("listener let the CSR choose names: CN=%q O=%v DNS=%v URIs=%v CA=%v", cert.Subject.CommonName, cert.Subject.Organization, cert.DNSNames, cert.URIs, cert.IsCA)
+	}
+	if !cert.PublicKey.(*ecdsa.PublicKey).Equal(&key.PublicKey) {
+		t.Fatal("certificate for another key")
+	}
+}
+
+func TestWrongCodeBurnsAfterTen(t *testing.T) {
+	var real, counted, proofs atomic.Int32
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+		Challenge: func(_ string, r, c bool) {
+			if r && c {
+				counted.Add(1)
+			}
+			if r {
+				real.Add(1)
+			}
+		},
+		Proof: func(string) { proofs.Add(1) },
+	}}})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	bad := wrongCode(t, sec)
+	for i := 1; i <= 10; i++ {
+		_, _, err := join(t, l, bad, wire.Facts{})
+		if !errors.Is(err, agent.ErrNotAccepted) {
+			t.Fatalf("attempt %d: %v, want ErrNotAccepted", i, err)
+		}
+		if got := counted.Load(); got != int32(i) {
+			t.Fatalf("attempt %d: %d counted real KE2s", i, got)
+		}
+		c, _ := l.Admin.Code(context.Background(), code.ID)
+		if c.FailedAttempts != i || c.State != "live" {
+			t.Fatalf("attempt %d: code %+v", i, c)
+		}
+	}
+	if proofs.Load() != 0 {
+		t.Fatalf("the agent sent %d Proofs with a wrong code", proofs.Load())
+	}
+	// the 11th start burns the code instead of counting
+	if _, _, err := join(t, l, bad, wire.Facts{}); !errors.Is(err, agent.ErrNotAccepted) {
+		t.Fatalf("11th: %v", err)
+	}
+	if counted.Load() != 10 {
+		t.Fatalf("%d counted KE2s after the 11th start", counted.Load())
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.State != "revoked" || c.RevokedBy != cluster.BurnedBy || c.RevokedAt == nil {
+		t.Fatalf("code not burned: %+v", c)
+	}
+	evs, _ := l.Admin.Events(context.Background(), "", 0)
+	if n := countEvents(evs, cluster.EventSecretBurned); n != 1 {
+		t.Fatalf("%d burn events", n)
+	}
+	// the right code now learns why it is refused
+	_, _, err := join(t, l, sec, wire.Facts{})
+	var refused *agent.RefusedError
+	if !errors.As(err, &refused) || refused.Code != wire.CodeRevoked || !strings.Contains(refused.Message, "burned") {
+		t.Fatalf("right code after burn: %v", err)
+	}
+}
+
+func countEvents(evs []cluster.Event, typ string) int {
+	n := 0
+	for _, e := range evs {
+		if e.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
+	var counted, uncounted atomic.Int32
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+		Challenge: func(_ string, r, c bool) {
+			switch {
+			case r && c:
+				counted.Add(1)
+			case r:
+				uncounted.Add(1)
+			}
+		},
+	}}})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	bad := wrongCode(t, sec)
+	var wg sync.WaitGroup
+	var failures atomic.Int32
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := rawJoin{Secret: bad}.run(context.Background(), l.Endpoint)
+			if err == nil && out.PAKEErr != nil {
+				failures.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if counted.Load() > 10 {
+		t.Fatalf("%d KE2s from the live code's record: more than 10 guesses", counted.Load())
+	}
+	if counted.Load() != 10 || failures.Load() != 100 {
+		t.Fatalf("counted %d, failed %d", counted.Load(), failures.Load())
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.State != "revoked" || c.RevokedBy != cluster.BurnedBy || c.FailedAttempts != 10 {
+		t.Fatalf("code %+v", c)
+	}
+	t.Logf("100 concurrent wrong attempts: %d counted KE2s while live, %d uncounted for the burned code", counted.Load(), uncounted.Load())
+}
+
+func TestMaxUsesUnderRace(t *testing.T) {
+	for _, max := range []int{1, 3} {
+		t.Run("max"+string(rune('0'+max)), func(t *testing.T) {
+			l := listenertest.Start(t, listenertest.Options{})
+			sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(max)})
+			var wg sync.WaitGroup
+			var joined, usedUp atomic.Int32
+			for range 50 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _, err := join(t, l, sec, wire.Facts{})
+					var refused *agent.RefusedError
+					switch {
+					case err == nil:
+						joined.Add(1)
+					case errors.As(err, &refused) && refused.Code == wire.CodeUsedUp:
+						usedUp.Add(1)
+					default:
+						t.Errorf("join: %v", err)
+					}
+				}()
+			}
+			wg.Wait()
+			if joined.Load() != int32(max) || usedUp.Load() != int32(50-max) {
+				t.Fatalf("%d joined, %d used up; want %d", joined.Load(), usedUp.Load(), max)
+			}
+			nodes, _ := l.Admin.Nodes(context.Background())
+			c, _ := l.Admin.Code(context.Background(), code.ID)
+			if len(nodes) != max || c.Uses != max || c.Registrations != max || c.FailedAttempts != 0 {
+				t.Fatalf("%d nodes, code %+v", len(nodes), c)
+			}
+		})
+	}
+}
+
+func TestCARotationMakesCodesStale(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	old, oldCode := mint(t, l, adminapi.MintCodeRequest{})
+	ca, err := l.Admin.RotateCA(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ca.Fingerprint == oldCode.CAFingerprint {
+		t.Fatal("rotation kept the fingerprint")
+	}
+	_, _, err = join(t, l, old, wire.Facts{})
+	var refused *agent.RefusedError
+	if !errors.As(err, &refused) || refused.Code != wire.CodeStale {
+		t.Fatalf("old code after rotation: %v, want %s", err, wire.CodeStale)
+	}
+	fresh, code := mint(t, l, adminapi.MintCodeRequest{})
+	if code.CAFingerprint != ca.Fingerprint {
+		t.Fatalf("new code minted under %s", code.CAFingerprint)
+	}
+	j, _, err := join(t, l, fresh, wire.Facts{})
+	if err != nil || j.Identity.CAFingerprint != ca.Fingerprint {
+		t.Fatalf("new code: %v", err)
+	}
+}
+
+func TestInactiveCodesRefusedByName(t *testing.T) {
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Now: clock}})
+	expiring, _ := mint(t, l, adminapi.MintCodeRequest{TTLSeconds: 60})
+	revoked, rc := mint(t, l, adminapi.MintCodeRequest{})
+	if _, err := l.Admin.RevokeCode(context.Background(), rc.ID); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Minute)
+	mu.Unlock()
+	for _, tc := range []struct {
+		sec  joincode.Secret
+		want string
+	}{{expiring, wire.CodeExpired}, {revoked, wire.CodeRevoked}} {
+		_, _, err := join(t, l, tc.sec, wire.Facts{})
+		var refused *agent.RefusedError
+		if !errors.As(err, &refused) || refused.Code != tc.want {
+			t.Errorf("%s: %v", tc.want, err)
+		}
+	}
+}
+
+func TestUnknownSelectorLooksLive(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	live, _ := mint(t, l, adminapi.MintCodeRequest{})
+	unknownSel := "00"
+	if live.Locator == unknownSel {
+		unknownSel = "01"
+	}
+	unknown, _ := joincode.NewCode(unknownSel)
+	ctx := context.Background()
+	a, err := rawJoin{Secret: live, StopAfterChallenge: true}.run(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rawJoin{Secret: unknown, StopAfterChallenge: true}.run(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.ChallengeSize != b.ChallengeSize {
+		t.Fatalf("challenge for a live code is %d bytes, for an unknown selector %d", a.ChallengeSize, b.ChallengeSize)
+	}
+	// replaying one KE1 against the unknown selector gets the same OPRF
+	// evaluation, as a real record would give
+	_, ke1 := mustKE1(t, unknown)
+	c1, err := rawJoin{Secret: unknown, KE1: ke1, StopAfterChallenge: true}.run(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := rawJoin{Secret: unknown, KE1: ke1, StopAfterChallenge: true}.run(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(c1.Challenge.KE2[:32], c2.Challenge.KE2[:32]) {
+		t.Fatal("an unknown selector answered one blinded element two ways")
+	}
+	if bytes.Equal(c1.Challenge.KE2, c2.Challenge.KE2) {
+		t.Fatal("KE2 did not use fresh nonces")
+	}
+}
+
+func TestSecretFileModes(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	_, state, err := join(t, l, sec, wire.Facts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := map[string]bool{"ca.key": true, "listener.key": true, "opaque.key": true, "node.key": true}
+	for _, root := range []string{l.DataDir, state} {
+		err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			mode := fi.Mode().Perm()
+			switch {
+			case fi.IsDir() && mode != 0o700:
+				t.Errorf("%s is %o, want 0700", p, mode)
+			case secret[fi.Name()] && mode != 0o600:
+				t.Errorf("%s is %o, want 0600", p, mode)
+			case !fi.IsDir() && mode&0o022 != 0:
+				t.Errorf("%s is writable by others: %o", p, mode)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"keys/ca.key", "keys/listener.key", "keys/opaque.key"} {
+		if _, err := os.Stat(filepath.Join(l.DataDir, name)); err != nil {
+			t.Errorf("expected secret file %s: %v", name, err)
+		}
+	}
+}
