@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/wire"
+)
+
+// floorKit is what the floor server and its client share: a CA, a TLS
+// certificate, OPAQUE keys and one record.
+type floorKit struct {
+	caKey  *ecdsa.PrivateKey
+	caCert *x509.Certificate
+	tls    tls.Certificate
+	keys   *pake.ServerKeys
+	record []byte
+	fp     [32]byte
+}
+
+func newFloorKit() (*floorKit, error) {
+	k := &floorKit{}
+	var err error
+	k.caKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "floor CA"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.caKey.PublicKey, k.caKey)
+	k.caCert, _ = x509.ParseCertificate(der)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	lt := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: []string{"floor"}}
+	ld, _ := x509.CreateCertificate(rand.Reader, lt, k.caCert, &leafKey.PublicKey, k.caKey)
+	k.tls = tls.Certificate{Certificate: [][]byte{ld, der}, PrivateKey: leafKey}
+	if k.keys, err = pake.GenerateServerKeys(); err != nil {
+		return nil, err
+	}
+	k.fp = sha256.Sum256(der)
+	k.record, err = k.keys.Mint("FL", []byte("FL000000000"), k.fp[:], pake.LightestKSF)
+	return k, err
+}
+
+// runFloorServer serves the floor: for each connection one QUIC server
+// handshake, one KE2 and one certificate signature, nothing else. It
+// prints its address and serves until stdin closes.
+func runFloorServer() int {
+	k, err := newFloorKit()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{k.tls}, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13}, &quic.Config{MaxIncomingStreams: 4})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(ln.Addr().(*net.UDPAddr).String())
+	go func() {
+		b := make([]byte, 1)
+		os.Stdin.Read(b)
+		ln.Close()
+	}()
+	for {
+		conn, err := ln.Accept(context.Background())
+		if err != nil {
+			return 0
+		}
+		go func() {
+			defer conn.CloseWithError(0, "")
+			str, err := conn.AcceptStream(context.Background())
+			if err != nil {
+				return
+			}
+			cs := conn.ConnectionState()
+			exp, _ := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+			var hello wire.Hello
+			if wire.Read(str, &hello) != nil {
+				return
+			}
+			ke2, _, err := k.keys.Respond(pake.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, k.record)
+			if err != nil {
+				return
+			}
+			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: pake.LightestKSF}) != nil {
+				return
+			}
+			var proof wire.Proof
+			if wire.Read(str, &proof) != nil {
+				return
+			}
+			csr, err := x509.ParseCertificateRequest(proof.CSR)
+			if err != nil {
+				return
+			}
+			tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "node-x"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+			der, err := x509.CreateCertificate(rand.Reader, tmpl, k.caCert, csr.PublicKey, k.caKey)
+			if err != nil {
+				return
+			}
+			wire.Write(str, &wire.Result{Status: wire.StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{der}, CABundle: [][]byte{k.caCert.Raw}})
+			str.Close()
+			<-conn.Context().Done()
+		}()
+	}
+}
+
+// floorClient drives one floor exchange (no KSF: the KE3 is not checked).
+func floorClient(ctx context.Context, addr string, csr []byte) error {
+	conn, err := quic.DialAddr(ctx, addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}}, nil)
+	if err != nil {
+		return err
+	}
+	defer conn.CloseWithError(0, "")
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return err
+	}
+	_, ke1, err := pake.Start(make([]byte, 46), "FL", []byte("FL000000000"))
+	if err != nil {
+		return err
+	}
+	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: "FL", KE1: ke1}); err != nil {
+		return err
+	}
+	var ch wire.Challenge
+	if err := wire.Read(str, &ch); err != nil {
+		return err
+	}
+	if err := wire.Write(str, &wire.Proof{KE3: make([]byte, pake.KE3Size), CSR: csr}); err != nil {
+		return err
+	}
+	var res wire.Result
+	return wire.Read(str, &res)
+}

@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Getenv("STRATUM_BENCH_FLOOR") != "" {
+		os.Exit(runFloorServer())
+	}
+	dir, err := os.MkdirTemp("", "stratum-bench-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	root, _ := exec.Command("go", "env", "GOMOD").Output()
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/stratum-listener")
+	build.Dir = filepath.Dir(strings.TrimSpace(string(root)))
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type proc struct {
+	cmd      *exec.Cmd
+	data     string
+	sock     string
+	endpoint string
+}
+
+func startListener(b *testing.B, light bool) *proc {
+	b.Helper()
+	sockDir, _ := os.MkdirTemp("/tmp", "sjb")
+	b.Cleanup(func() { os.RemoveAll(sockDir) })
+	p := &proc{data: filepath.Join(b.TempDir(), "l"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(b)}
+	args := []string{"init", "--data", p.data, "--endpoint", p.endpoint}
+	if light {
+		args = append(args, "--light-ksf")
+	}
+	if out, err := exec.Command(filepath.Join(binDir, "stratum-listener"), args...).CombinedOutput(); err != nil {
+		b.Fatalf("init: %v %s", err, out)
+	}
+	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "warn")
+	p.cmd.Stderr = os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGTERM); p.cmd.Wait() })
+	for range 100 {
+		if _, err := os.Stat(p.sock); err == nil {
+			return p
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.Fatal("listener did not start")
+	return nil
+}
+
+func (p *proc) mint(b *testing.B, args ...string) string {
+	b.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"codes", "create", "--json"}, args...)...)
+	cmd.Env = append(os.Environ(), "STRATUM_ADMIN_SOCKET="+p.sock)
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("mint: %v", err)
+	}
+	var c struct{ Code, ID string }
+	if err := json.Unmarshal(out, &c); err != nil {
+		b.Fatal(err)
+	}
+	return c.Code + " " + c.ID
+}
+
+func (p *proc) admin(b *testing.B, args ...string) {
+	cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), args...)
+	cmd.Env = append(os.Environ(), "STRATUM_ADMIN_SOCKET="+p.sock)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("%v: %v %s", args, err, out)
+	}
+}
+
+// cpu returns the user+system CPU time a process has used.
+func cpu(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// rss returns VmRSS and VmHWM in KiB.
+func rss(pid int) (cur, peak int) {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			switch f[0] {
+			case "VmRSS:":
+				cur, _ = strconv.Atoi(f[1])
+			case "VmHWM:":
+				peak, _ = strconv.Atoi(f[1])
+			}
+		}
+	}
+	return
+}
+
+func waitFile(ctx context.Context, path string) bool {
+	for ctx.Err() == nil {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+var _ = bytes.MinRead

@@ -1,0 +1,60 @@
+// Package arch holds the architecture as tests: which packages may depend
+// on which.
+package arch
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/stratumjoin/stratum"
+
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+func TestLayering(t *testing.T) {
+	for _, tc := range []struct {
+		pkg       string
+		forbidden []string
+	}{
+		// the two sides share only the wire protocol and its helpers
+		{module + "/agent", []string{module + "/listener", module + "/internal/cluster", module + "/internal/store"}},
+		{module + "/listener", []string{module + "/agent", module + "/hwid"}},
+		// the agent binary stays small: no etcd, no bbolt, no admin API
+		{module + "/cmd/stratum-agent", []string{"go.etcd.io/etcd", "go.etcd.io/bbolt", module + "/listener", module + "/internal/store"}},
+		// the listener never links the hardware probes
+		{module + "/cmd/stratum-listener", []string{module + "/hwid", "github.com/jaypipes/ghw", "github.com/NVIDIA/go-nvml", module + "/agent"}},
+		// the wire protocol depends on nothing of either side
+		{module + "/internal/wire", []string{module + "/agent", module + "/listener", module + "/pki"}},
+	} {
+		for _, d := range deps(t, tc.pkg) {
+			for _, f := range tc.forbidden {
+				if d == f || strings.HasPrefix(d, f+"/") {
+					t.Errorf("%s depends on %s", tc.pkg, d)
+				}
+			}
+		}
+	}
+}
+
+func TestEveryPackageDocumented(t *testing.T) {
+	// packages with only tests have no doc to show
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{len .GoFiles}} {{.Doc}}", module+"/...").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.SplitN(line, " ", 3)
+		if f[1] != "0" && (len(f) < 3 || f[2] == "") {
+			path := f[0]
+			t.Errorf("%s has no package doc comment", path)
+		}
+	}
+}
