@@ -220,37 +220,54 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 
 // costModel makes the paths that write nothing (unknown locator, inactive
 // secret) take as long as the one that waits for a durable write, so the
-// Challenge's timing does not tell them apart.
+// Challenge's timing does not tell them apart. It pads each to a duration
+// drawn from the recent live-path durations, which reproduces their
+// distribution (fsync outliers included) rather than only their mean.
 type costModel struct {
-	mu   sync.Mutex
-	ewma time.Duration
+	mu      sync.Mutex
+	samples [64]time.Duration
+	n       int
+	// overshoot is how late timers fire here (EWMA); waits are shortened
+	// by it so padded paths are not slower than the live one.
+	overshoot time.Duration
 }
 
 func (c *costModel) observe(d time.Duration) {
 	c.mu.Lock()
-	if c.ewma == 0 {
-		c.ewma = d
-	} else {
-		c.ewma = (c.ewma*7 + d) / 8
-	}
+	c.samples[c.n%len(c.samples)] = d
+	c.n++
 	c.mu.Unlock()
+}
+
+func (c *costModel) draw() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	filled := min(c.n, len(c.samples))
+	if filled == 0 {
+		return 2 * time.Millisecond
+	}
+	return c.samples[rand.IntN(filled)]
 }
 
 func (c *costModel) pad(ctx context.Context, spent time.Duration) {
 	c.mu.Lock()
-	target := c.ewma
+	late := c.overshoot
 	c.mu.Unlock()
-	if target == 0 {
-		target = 2 * time.Millisecond
+	wait := c.draw() - spent - late
+	if wait <= 0 {
+		return
 	}
-	if wait := target - spent; wait > 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
+	start := time.Now()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
 	}
+	c.mu.Lock()
+	c.overshoot = (c.overshoot*7 + (time.Since(start) - wait)) / 8
+	c.mu.Unlock()
 }
 
 // beginAttempt counts the attempt, waiting while the secret's attempts

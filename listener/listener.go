@@ -314,10 +314,13 @@ const (
 	errCodeNotProof quic.ApplicationErrorCode = 0x102
 	errCodeInternal quic.ApplicationErrorCode = 0x103
 	errCodeAuth     quic.ApplicationErrorCode = 0x104
+	errCodeShutdown quic.ApplicationErrorCode = 0x105
 )
 
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	cs := conn.ConnectionState()
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(errCodeShutdown, "listener shutting down") })
+	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	str, err := conn.AcceptStream(ctx)
