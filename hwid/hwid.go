@@ -12,8 +12,8 @@
 // Values that firmware ships when nobody programmed a real one ("To Be
 // Filled By O.E.M.", the AMI template UUID 03000200-0400-0500-0006-
 // 000700080009, all-zero UUIDs, ...) are shared by many machines, so they
-// are dropped rather than reported; IsPlaceholder is exported so the
-// listener can refuse them as `expect` values too. Everything dropped or
+// are dropped rather than reported. The rules live in internal/identity,
+// which the listener applies to `expect` pins too. Everything dropped or
 // missing is explained in Report.Notes, and Report.Sources says where each
 // reported fact came from, so `stratum-agent hwid` can show an operator why
 // a machine reports what it does.

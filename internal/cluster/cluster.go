@@ -56,6 +56,12 @@ var (
 	ErrLimitExceeded = errors.New("every join code selector is in use by a live code")
 	// ErrExists means a record with that id or name exists.
 	ErrExists = errors.New("already exists")
+	// ErrQuotaExceeded means an organization holds SecretSpec.PerOrgLimit
+	// secrets of a kind already.
+	ErrQuotaExceeded = errors.New("the organization's limit of this kind of secret is reached")
+	// ErrNameTaken means SecretSpec.UniqueName is held by another secret;
+	// it matches ErrExists too.
+	ErrNameTaken = fmt.Errorf("name %w", ErrExists)
 	// ErrInvalidState means the record is not in a state that allows this.
 	ErrInvalidState = errors.New("invalid state")
 )
@@ -99,7 +105,11 @@ type SecretSpec struct {
 }
 
 // Mint stores a new secret. For codes it picks a selector no live code
-// holds; the record is minted for the chosen locator.
+// holds; the record is minted for the chosen locator. For tokens and keys
+// the record is minted once for the secret's id and stored with a
+// create-if-absent transaction: ErrExists when the id is taken (an
+// idempotent retry), ErrNameTaken when UniqueName is, ErrQuotaExceeded when
+// OrgKey holds PerOrgLimit secrets already.
 func (c *Cluster) Mint(ctx context.Context, spec SecretSpec) (*Secret, joincode.Secret, error) {
 	s := spec.Secret
 	now := c.now().UTC()
@@ -112,35 +122,73 @@ func (c *Cluster) Mint(ctx context.Context, spec SecretSpec) (*Secret, joincode.
 		return nil, joincode.Secret{}, err
 	}
 	s.Locator, s.Record = sec.Locator, rec
-	ev, evOp := c.newEvent(spec.EventType, s.CreatedBy, spec.EventFields)
-	cmps := []store.Cmp{{Key: pfxSecret + s.ID}, {Key: pfxLocator + s.Locator}}
-	ops := []store.Op{putJSON(pfxSecret+s.ID, s), putString(pfxLocator+s.Locator, s.ID), evOp}
-	if spec.UniqueName != "" {
-		cmps = append(cmps, store.Cmp{Key: "name/" + spec.UniqueName})
-		ops = append(ops, putString("name/"+spec.UniqueName, s.ID))
-	}
-	if spec.PerOrgLimit > 0 {
-		cnt, rev, err := getString(ctx, c.store, "count/"+spec.OrgKey)
+	for range maxCASRounds {
+		ev, evOp := c.newEvent(spec.EventType, s.CreatedBy, spec.EventFields)
+		cmps := []store.Cmp{{Key: pfxSecret + s.ID}, {Key: pfxLocator + s.Locator}}
+		ops := []store.Op{putJSON(pfxSecret+s.ID, s), putString(pfxLocator+s.Locator, s.ID), evOp}
+		if spec.UniqueName != "" {
+			cmps = append(cmps, store.Cmp{Key: "name/" + spec.UniqueName})
+			ops = append(ops, putString("name/"+spec.UniqueName, s.ID))
+		}
+		for _, k := range s.Index {
+			cmps = append(cmps, store.Cmp{Key: k})
+			ops = append(ops, putString(k, s.ID))
+		}
+		var countRev int64
+		if spec.PerOrgLimit > 0 {
+			cnt, rev, err := getString(ctx, c.store, "count/"+spec.OrgKey)
+			if err != nil {
+				return nil, joincode.Secret{}, err
+			}
+			var n int
+			fmt.Sscan(cnt, &n)
+			if n >= spec.PerOrgLimit {
+				return nil, joincode.Secret{}, ErrQuotaExceeded
+			}
+			countRev = rev
+			cmps = append(cmps, store.Cmp{Key: "count/" + spec.OrgKey, Rev: rev})
+			ops = append(ops, putString("count/"+spec.OrgKey, fmt.Sprint(n+1)))
+		}
+		ok, err := c.store.Txn(ctx, cmps, ops)
 		if err != nil {
+			return nil, joincode.Secret{}, fmt.Errorf("store secret: %w", err)
+		}
+		if ok {
+			c.logEvents(ev)
+			return &s, sec, nil
+		}
+		// Find which guard failed: only a moved counter is worth another round.
+		if err := c.mintGuardFailed(ctx, spec, s.ID, countRev); err != nil {
 			return nil, joincode.Secret{}, err
 		}
-		var n int
-		fmt.Sscan(cnt, &n)
-		if n >= spec.PerOrgLimit {
-			return nil, joincode.Secret{}, ErrLimitExceeded
+	}
+	return nil, joincode.Secret{}, ErrConflict
+}
+
+// mintGuardFailed names the guard that made a mint transaction fail, or
+// returns nil when only the per-organization counter moved.
+func (c *Cluster) mintGuardFailed(ctx context.Context, spec SecretSpec, id string, countRev int64) error {
+	if _, rev, err := getString(ctx, c.store, pfxSecret+id); err != nil {
+		return err
+	} else if rev != 0 {
+		return ErrExists
+	}
+	if spec.UniqueName != "" {
+		if _, rev, err := getString(ctx, c.store, "name/"+spec.UniqueName); err != nil {
+			return err
+		} else if rev != 0 {
+			return ErrNameTaken
 		}
-		cmps = append(cmps, store.Cmp{Key: "count/" + spec.OrgKey, Rev: rev})
-		ops = append(ops, putString("count/"+spec.OrgKey, fmt.Sprint(n+1)))
 	}
-	ok, err := c.store.Txn(ctx, cmps, ops)
-	if err != nil {
-		return nil, joincode.Secret{}, fmt.Errorf("store secret: %w", err)
+	if spec.PerOrgLimit == 0 {
+		return ErrExists // the locator or an index key is taken
 	}
-	if !ok {
-		return nil, joincode.Secret{}, ErrExists
+	if _, rev, err := getString(ctx, c.store, "count/"+spec.OrgKey); err != nil {
+		return err
+	} else if rev == countRev {
+		return ErrExists
 	}
-	c.logEvents(ev)
-	return &s, sec, nil
+	return nil
 }
 
 func (c *Cluster) mintCode(ctx context.Context, spec SecretSpec, s Secret) (*Secret, joincode.Secret, error) {
@@ -307,6 +355,9 @@ func (c *Cluster) DeleteSecret(ctx context.Context, id, actor, eventType, orgKey
 		ops := []store.Op{{Key: pfxSecret + id, Delete: true}, {Key: pfxLocator + s.Locator, Delete: true}, evOp}
 		if s.Key != nil {
 			ops = append(ops, store.Op{Key: "name/" + s.Key.OrgID + "/" + s.Key.Name, Delete: true})
+		}
+		for _, k := range s.Index {
+			ops = append(ops, store.Op{Key: k, Delete: true})
 		}
 		if orgKey != "" {
 			cnt, crev, err := getString(ctx, c.store, "count/"+orgKey)
@@ -475,11 +526,6 @@ func (j *Join) IsPending() bool { return j.State == joinPending }
 
 // Active reports whether a node is active.
 func (n *Node) Active() bool { return n.State == nodeActive }
-
-// ReasonFor names the refusal of an inactive secret.
-func reasonFor(state string) string {
-	return map[string]string{stateRevoked: "JOIN_CODE_REVOKED", stateExpired: "JOIN_CODE_EXPIRED", stateUsedUp: "JOIN_CODE_USED_UP"}[state]
-}
 
 // Record appends a standalone event.
 func (c *Cluster) Record(ctx context.Context, typ, actor string, fields map[string]string) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -211,8 +212,6 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		return c.refuse(tx, s, wire.CodeRevoked, "the join code was burned after too many failed attempts; ask for a new one", nil), nil
 	case st == stateRevoked:
 		return c.refuse(tx, s, wire.CodeRevoked, "the join code was revoked; ask for a new one", nil), nil
-	case st == stateExpired:
-		return c.refuse(tx, s, wire.CodeExpired, "the join code expired; ask for a new one", nil), nil
 	}
 	if s.CAFingerprint != req.CurrentCA {
 		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
@@ -242,6 +241,12 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		return c.resume(ctx, tx, s, &j, req, now)
 	}
 
+	// Expiry ends new joins only: a join proven while the code was live
+	// (pending an administrator, or whose Result was lost) goes on after
+	// it, as the approval may come hours later.
+	if s.State(now) == stateExpired {
+		return c.refuse(tx, s, wire.CodeExpired, "the join code expired; ask for a new one", nil), nil
+	}
 	if s.State(now) == stateUsedUp {
 		return c.refuse(tx, s, wire.CodeUsedUp, "the join code has no uses left; ask for a new one", nil), nil
 	}
@@ -269,6 +274,9 @@ func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req P
 	case joinRefused:
 		return refused(wire.CodeApprovalRefused, "an administrator refused this join"), nil
 	case joinApproved:
+		// The node gets the facts the administrator approved, not what
+		// the reconnecting agent claims now.
+		req.Facts = j.Facts
 		return c.completeNode(ctx, tx, s, j, req, now)
 	}
 	// completed: the Result was lost; hand out a fresh certificate for the
@@ -287,7 +295,7 @@ func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req P
 	}
 	tx.cmps = append(tx.cmps, store.Cmp{Key: pfxNode + n.ID, Rev: nrev})
 	n.CertSerial, n.NotAfter = cert.Serial, cert.NotAfter
-	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, n.ID))
+	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n)))
 	return Outcome{Status: wire.StatusJoined, Join: j, Node: &n, Cert: cert}, nil
 }
 
@@ -318,6 +326,7 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 				if old.CertSerial != "" {
 					old.RevokedSerials = append(old.RevokedSerials, old.CertSerial)
 				}
+				old.Generation++ // every certificate issued before stops renewing
 				n, reclaimed = &old, true
 			}
 		}
@@ -336,9 +345,12 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 	n.Role, n.Trust, n.SecretID, n.JoinID, n.KeyFP = s.Role, s.Trust, s.ID, j.ID, req.KeyFP
 	n.JoinedAt = now
 	if s.Key != nil {
-		host, err := c.assignHost(s, n, req.Facts)
-		if err != nil {
+		host, err := c.assignHost(ctx, tx, s, n, req.Facts)
+		if errors.Is(err, errNoAddresses) {
 			return c.refuse(tx, s, wire.CodeAddressExhausted, err.Error(), nil), nil
+		}
+		if err != nil {
+			return Outcome{}, err
 		}
 		n.Host = host
 	}
@@ -349,7 +361,7 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 	n.CertSerial, n.NotAfter = cert.Serial, cert.NotAfter
 	j.State, j.NodeID = joinCompleted, n.ID
 	s.Registrations++
-	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putJSON(pfxJoin+j.ID, j), putString(pfxSerial+cert.Serial, n.ID))
+	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putJSON(pfxJoin+j.ID, j), putString(pfxSerial+cert.Serial, serialOwner(n)))
 	fields := map[string]string{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
 	if reclaimed {
 		c.event(tx, EventNodeReclaimed, SystemActor, fields)
@@ -359,11 +371,15 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 	return Outcome{Status: wire.StatusJoined, Join: j, Node: n, Cert: cert}, nil
 }
 
+var errNoAddresses = errors.New("no addresses left")
+
 var hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // assignHost gives a join-key host its network, role, tags, one address
-// from each CIDR (never the same address twice) and a name.
-func (c *Cluster) assignHost(s *Secret, n *Node, f wire.Facts) (*wire.Host, error) {
+// from each CIDR and a name. Addresses are counted per network in the
+// join's transaction (addr/<network>/<cidr>), so no two hosts of a network
+// get the same address, whichever keys they enrolled with.
+func (c *Cluster) assignHost(ctx context.Context, tx *txn, s *Secret, n *Node, f wire.Facts) (*wire.Host, error) {
 	if n.Host != nil { // a reclaimed host keeps its addresses
 		return n.Host, nil
 	}
@@ -374,20 +390,25 @@ func (c *Cluster) assignHost(s *Secret, n *Node, f wire.Facts) (*wire.Host, erro
 	} else {
 		h.Name = s.Key.Name + "-" + randomID("", 3)
 	}
-	if s.AddressesUsed == nil {
-		s.AddressesUsed = map[string]uint64{}
-	}
 	for _, cidr := range s.Key.CIDRs {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {
 			return nil, fmt.Errorf("bad cidr %q: %w", cidr, err)
 		}
-		next := s.AddressesUsed[cidr] + 1 // skip the network address
+		key := pfxAddr + s.Key.NetworkID + "/" + cidr
+		used, rev, err := getString(ctx, c.store, key)
+		if err != nil {
+			return nil, err
+		}
+		var last uint64
+		fmt.Sscan(used, &last)
+		next := last + 1 // skip the network address
 		addr, ok := nthAddr(p, next)
 		if !ok {
-			return nil, fmt.Errorf("no addresses left in %s", cidr)
+			return nil, fmt.Errorf("%w in %s", errNoAddresses, cidr)
 		}
-		s.AddressesUsed[cidr] = next
+		tx.cmps = append(tx.cmps, store.Cmp{Key: key, Rev: rev})
+		tx.ops = append(tx.ops, putString(key, fmt.Sprint(next)))
 		h.Addresses = append(h.Addresses, netip.PrefixFrom(addr, p.Bits()).String())
 	}
 	return h, nil
@@ -411,37 +432,6 @@ func nthAddr(p netip.Prefix, n uint64) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	return addr, true
-}
-
-// MismatchedField names the first `expect` field the facts do not
-// satisfy, or "" when every given field matches (seed 000): UUIDs and MACs
-// case-insensitively, MACs and GPU UUIDs as members of the reported sets.
-func MismatchedField(e *Expect, f wire.Facts) string {
-	if e == nil {
-		return ""
-	}
-	if e.ProductUUID != "" && !strings.EqualFold(e.ProductUUID, f.ProductUUID) {
-		return "productUuid"
-	}
-	if e.Serial != "" && e.Serial != f.Serial {
-		return "serial"
-	}
-	if e.MAC != "" && !containsFold(f.MACs, e.MAC) {
-		return "mac"
-	}
-	if e.GPUUUID != "" && !containsFold(f.GPUUUIDs, e.GPUUUID) {
-		return "gpuUuid"
-	}
-	return ""
-}
-
-func containsFold(set []string, v string) bool {
-	for _, s := range set {
-		if strings.EqualFold(s, v) {
-			return true
-		}
-	}
-	return false
 }
 
 // RenewRequest renews the certificate of a node that proved possession
@@ -472,7 +462,7 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		if err != nil {
 			return Outcome{}, err
 		}
-		if owner != n.ID || slicesContains(n.RevokedSerials, req.Serial) {
+		if owner != serialOwner(&n) || slicesContains(n.RevokedSerials, req.Serial) {
 			return refused(wire.CodeNodeRevoked, "this certificate was revoked when the machine was reclaimed; join again with a new code"), nil
 		}
 		cert, err := req.Issue(n.ID, n.Role)
@@ -481,7 +471,7 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		}
 		now := c.now().UTC()
 		n.CertSerial, n.NotAfter, n.RenewedAt, n.KeyFP = cert.Serial, cert.NotAfter, &now, req.KeyFP
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, n.ID)})
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n))})
 		if err != nil {
 			return Outcome{}, fmt.Errorf("commit renewal: %w", err)
 		}
@@ -490,6 +480,19 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		}
 	}
 	return Outcome{}, ErrConflict
+}
+
+// serialOwner is what the serial index records for a certificate issued
+// to n now: its node id, and after a reclaim also the node's generation.
+// Renew accepts only certificates of the current generation, so a reclaim
+// stops every certificate the machine held before (an earlier one that was
+// renewed since is as good as the last to a holder of the old key), not
+// just the last one.
+func serialOwner(n *Node) string {
+	if n.Generation == 0 {
+		return n.ID
+	}
+	return n.ID + "#" + strconv.Itoa(n.Generation)
 }
 
 func slicesContains(s []string, v string) bool {

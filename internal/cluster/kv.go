@@ -23,7 +23,9 @@ const (
 	pfxJoin     = "join/"     // join/<id> -> Join
 	pfxJoinKey  = "joinkey/"  // joinkey/<secret id>/<key fingerprint> -> join id
 	pfxEvent    = "event/"    // event/<seq> -> Event
-	pfxSerial   = "serial/"   // serial/<cert serial> -> node id
+	pfxSerial   = "serial/"   // serial/<cert serial> -> node id[#generation] (serialOwner)
+	pfxAddr     = "addr/"     // addr/<network id>/<cidr> -> last address index handed out
+	pfxAPIKey   = "apikey/"   // apikey/<id> -> APIKey
 )
 
 // ErrConflict is returned when a compare-and-swap loop gives up.

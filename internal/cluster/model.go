@@ -15,7 +15,6 @@
 package cluster
 
 import (
-	"strings"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/pake"
@@ -118,7 +117,13 @@ type Secret struct {
 	// verify. An expired lease is a failed attempt (it stays counted).
 	Leases []Lease `json:"leases,omitempty"`
 	// AddressesUsed counts addresses handed out per CIDR (join keys).
+	// Deprecated: addresses are counted per network (addr/<network>/<cidr>)
+	// so that two keys of one network never hand out the same address.
 	AddressesUsed map[string]uint64 `json:"addressesUsed,omitempty"`
+	// Index holds extra store keys that point at this secret (listing by
+	// tenant and pool, or by organization); Mint creates them with the
+	// secret and DeleteSecret removes them.
+	Index []string `json:"index,omitempty"`
 }
 
 // State is live, expired, revoked or used-up at now.
@@ -188,8 +193,11 @@ type Node struct {
 	RevokedBy   string     `json:"revokedBy,omitempty"`
 	// RevokedSerials are earlier certificates of this node id that were
 	// revoked by a reclaim; renewals with them are refused.
-	RevokedSerials []string   `json:"revokedSerials,omitempty"`
-	Host           *wire.Host `json:"host,omitempty"`
+	RevokedSerials []string `json:"revokedSerials,omitempty"`
+	// Generation counts the reclaims of this node id; certificates issued
+	// in an earlier generation no longer renew (see serialOwner).
+	Generation int        `json:"generation,omitempty"`
+	Host       *wire.Host `json:"host,omitempty"`
 }
 
 // Join is one proven join of a key with a secret: pending approval,
@@ -235,22 +243,3 @@ const (
 	EventJoinRefusedAdmin = "join.approval-refused"
 	EventCARotated        = "ca.rotated"
 )
-
-// IdentityKey is the node identity of DESIGN.md section 5: the product
-// UUID, else the serial, else the MAC set.
-func IdentityKey(f wire.Facts) string {
-	switch {
-	case f.ProductUUID != "":
-		return "uuid:" + strings.ToUpper(f.ProductUUID)
-	case f.Serial != "":
-		return "serial:" + f.Serial
-	case len(f.MACs) > 0:
-		macs := make([]string, len(f.MACs))
-		for i, m := range f.MACs {
-			macs[i] = strings.ToLower(m)
-		}
-		sortStrings(macs)
-		return "mac:" + strings.Join(macs, ",")
-	}
-	return ""
-}
