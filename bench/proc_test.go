@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -127,15 +125,3 @@ func rss(pid int) (cur, peak int) {
 	}
 	return
 }
-
-func waitFile(ctx context.Context, path string) bool {
-	for ctx.Err() == nil {
-		if _, err := os.Stat(path); err == nil {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
-}
-
-var _ = bytes.MinRead

@@ -58,7 +58,7 @@ func (l *Listener) serveAdmin(ctx context.Context) (*adminServer, error) {
 			return nil, fmt.Errorf("admin socket: %w", err)
 		}
 	}
-	api := adminapi.New(l, l.logger)
+	api := l.adminAPI()
 	me := os.Geteuid()
 	srv := &http.Server{
 		Handler:           api,

@@ -124,6 +124,16 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		Issue:     l.issuer(proof.CSR),
 	}
 	deadline := time.Now().Add(approvalMaxAge)
+	// While pending, stop polling as soon as the agent is gone: it comes
+	// back with the same key and continues the join on a new connection.
+	waitCtx := ctx
+	if sc, ok := str.(interface{ Context() context.Context }); ok {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(sc.Context(), cancel)()
+	}
+	announced := false
 	for {
 		out, err := l.cluster.Prove(ctx, req)
 		if err != nil {
@@ -133,13 +143,17 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		if out.Status != wire.StatusPending {
 			return errCodeDone, wire.Write(str, l.result(out))
 		}
-		if req.Attempt.Counted { // announce once; later rounds only poll
+		// Announce once per connection, a resumed join too (its attempt
+		// may not have been counted: a code whose last use it holds is no
+		// longer live); later rounds only poll.
+		if !announced {
 			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
 				return errCodeProtocol, err
 			}
+			announced = true
 		}
 		req.Attempt.Counted = false
-		if err := l.waitDecision(ctx, out.Join.ID, deadline); err != nil {
+		if err := l.waitDecision(waitCtx, out.Join.ID, deadline); err != nil {
 			return errCodeDone, err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,6 +21,8 @@ import (
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/registry"
 	"github.com/stratumjoin/stratum/pki"
 )
 
@@ -50,6 +51,14 @@ type Config struct {
 	Ready func(addr net.Addr)
 	// Hooks observe the protocol in tests.
 	Hooks Hooks
+	// Registry is the inventory of tenants, sites, pools, networks and
+	// roles the admin API mints against; nil means registry.Default().
+	Registry *registry.Registry
+	// HTTPSListen is the TCP address of the admin API's HTTPS listener,
+	// which takes bearer API keys ("" = none).
+	HTTPSListen string
+	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
+	HTTPSListener net.Listener
 }
 
 // Hooks are test observation points; all optional.
@@ -84,8 +93,11 @@ type Listener struct {
 	cost     costModel
 	limiters sourceLimiters
 
-	addr      net.Addr
-	adminAddr string
+	addr net.Addr
+
+	apiOnce   sync.Once
+	api       *adminapi.Server
+	httpsAddr net.Addr
 }
 
 // New loads the data directory and opens the store.
@@ -260,9 +272,17 @@ func (l *Listener) Run(ctx context.Context) error {
 	l.addr = pc.LocalAddr()
 
 	var wg sync.WaitGroup
-	adminErr := make(chan error, 1)
+	adminErr := make(chan error, 2)
 	if l.cfg.AdminSocket != "" || l.cfg.AdminListener != nil {
 		srv, err := l.serveAdmin(ctx)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		go func() { adminErr <- srv.run() }()
+	}
+	if l.cfg.HTTPSListen != "" || l.cfg.HTTPSListener != nil {
+		srv, err := l.serveHTTPS(ctx)
 		if err != nil {
 			return err
 		}
@@ -413,5 +433,3 @@ func (s *sourceLimiters) sweep(ctx context.Context) {
 		}
 	}
 }
-
-var errStop = errors.New("stop")

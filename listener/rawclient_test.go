@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"testing"
 	"time"
 
@@ -124,8 +123,6 @@ func wrongCode(t testing.TB, sec joincode.Secret) joincode.Secret {
 		}
 	}
 }
-
-var errNoResult = errors.New("no result")
 
 func mustKE1(t testing.TB, sec joincode.Secret) (*pake.ClientLogin, []byte) {
 	t.Helper()

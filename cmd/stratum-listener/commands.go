@@ -20,6 +20,7 @@ import (
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
+	"github.com/stratumjoin/stratum/listener/registry"
 	"github.com/stratumjoin/stratum/systemd"
 )
 
@@ -36,7 +37,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand())
+	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
 	return root
 }
 
@@ -109,7 +110,7 @@ func initCommand() *cobra.Command {
 
 func serveCommand() *cobra.Command {
 	var cfg listener.Config
-	var logLevel string
+	var logLevel, registryFile string
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR",
 		Short: "serve joins, renewals and the admin socket",
@@ -123,6 +124,14 @@ func serveCommand() *cobra.Command {
 				return usageError{fmt.Errorf("--log-level: %w", err)}
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			if registryFile != "" {
+				reg, err := registry.Load(registryFile)
+				if err != nil {
+					return err
+				}
+				cfg.Registry = reg
+				cfg.Logger.Info("registry loaded", "file", registryFile, "contents", reg.Summary())
+			}
 			act, err := systemd.Activation()
 			if err != nil {
 				return err
@@ -132,6 +141,9 @@ func serveCommand() *cobra.Command {
 			}
 			if ln, ok := act.Listeners["admin"]; ok {
 				cfg.AdminListener = ln
+			}
+			if ln, ok := act.Listeners["https"]; ok {
+				cfg.HTTPSListener = ln
 			}
 			notifier := systemd.NewNotifier(cfg.Logger)
 			cfg.Ready = func(addr net.Addr) {
@@ -154,6 +166,8 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.AdminSocket, "admin-socket", adminclient.SocketFromEnv(), "admin unix socket")
 	cmd.Flags().StringVar(&cfg.StoreURL, "store", "", "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
+	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
 	return cmd
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/registry"
 )
 
 // DefaultSocket is where the packaged unit puts the admin socket.
@@ -197,4 +198,33 @@ func (c *Client) Events(ctx context.Context, after string, wait time.Duration) (
 	var out items[cluster.Event]
 	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/events?"+q.Encode(), nil, &out)
 	return out.Items, err
+}
+
+// CreateAPIKey creates an API key for the HTTPS admin API; the returned
+// view's Key is the bearer secret, shown only this once.
+func (c *Client) CreateAPIKey(ctx context.Context, req adminapi.APIKeyRequest) (adminapi.APIKeyView, error) {
+	var out adminapi.APIKeyView
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/api-keys", req, &out)
+	return out, err
+}
+
+// APIKeys lists API keys (never their secrets).
+func (c *Client) APIKeys(ctx context.Context) ([]adminapi.APIKeyView, error) {
+	var out items[adminapi.APIKeyView]
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/api-keys", nil, &out)
+	return out.Items, err
+}
+
+// RevokeAPIKey revokes an API key at once.
+func (c *Client) RevokeAPIKey(ctx context.Context, id string) (adminapi.APIKeyView, error) {
+	var out adminapi.APIKeyView
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/api-keys/"+url.PathEscape(id)+"/revoke", nil, &out)
+	return out, err
+}
+
+// Registry shows the listener's registry.
+func (c *Client) Registry(ctx context.Context) (registry.Registry, error) {
+	var out registry.Registry
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/registry", nil, &out)
+	return out, err
 }

@@ -1,0 +1,164 @@
+package adminapi
+
+import (
+	"net/http"
+	"sort"
+)
+
+// facade names which seed's error shape a route answers in.
+type facade int
+
+const (
+	facadeCluster facade = iota // seed 004: application/problem+json
+	facadeTokens                // seed 000: {"error":{...}}
+	facadeKeys                  // seed 003: {"errors":[...]}
+)
+
+// facadeFor picks the error shape of a path, also for paths no route
+// serves.
+func facadeFor(path string) facade {
+	switch {
+	case hasPathPrefix(path, "/api/compute"):
+		return facadeTokens
+	case hasPathPrefix(path, "/v1/join-keys"):
+		return facadeKeys
+	}
+	return facadeCluster
+}
+
+func hasPathPrefix(path, prefix string) bool {
+	return path == prefix || len(path) > len(prefix) && path[:len(prefix)] == prefix && path[len(prefix)] == '/'
+}
+
+// handlerFunc serves one route for an authenticated caller; an error is
+// written in the route's facade shape by Server.fail.
+type handlerFunc func(w http.ResponseWriter, r *http.Request, p Principal) error
+
+type route struct {
+	method string
+	path   string
+	facade facade
+	// adminOnly routes belong to the bootstrap admin alone.
+	adminOnly bool
+	// scope, on a join-keys route, is the API key scope it needs; the
+	// organization's rate limit applies first.
+	scope string
+	h     handlerFunc
+}
+
+// Seed-004 style actions of the join-codes routes, decided on "cluster".
+const (
+	ActionDescribeJoinCodes = "ha:DescribeJoinCodes"
+	ActionCreateJoinCode    = "ha:CreateJoinCode"
+	ActionRevokeJoinCode    = "ha:RevokeJoinCode"
+	// ResourceCluster is the resource the join-codes actions are decided on.
+	ResourceCluster = "cluster"
+)
+
+// Seed-000 actions, decided on compute-pool/{poolId}.
+const (
+	ActionCreateJoinToken = "compute:join-tokens:create"
+	ActionReadJoinTokens  = "compute:join-tokens:read"
+	ActionRevokeJoinToken = "compute:join-tokens:revoke"
+)
+
+// Seed-003 scopes.
+const (
+	ScopeCreateJoinKey = "join-keys:create"
+	ScopeListJoinKeys  = "join-keys:list"
+	ScopeReadJoinKey   = "join-keys:read"
+	ScopeDeleteJoinKey = "join-keys:delete"
+)
+
+// Actions lists every action an API key may be granted.
+func Actions() []string {
+	return []string{ActionCreateJoinToken, ActionReadJoinTokens, ActionRevokeJoinToken, ActionDescribeJoinCodes, ActionCreateJoinCode, ActionRevokeJoinCode}
+}
+
+// Scopes lists every scope an API key may hold.
+func Scopes() []string {
+	return []string{ScopeCreateJoinKey, ScopeListJoinKeys, ScopeReadJoinKey, ScopeDeleteJoinKey}
+}
+
+func (s *Server) routeTable() []route {
+	return []route{
+		// seed 000: joinTokens
+		{method: http.MethodPost, path: "/api/compute/joinTokens/create", facade: facadeTokens, h: s.createToken},
+		{method: http.MethodPost, path: "/api/compute/joinTokens/list", facade: facadeTokens, h: s.listTokens},
+		{method: http.MethodPost, path: "/api/compute/joinTokens/revoke", facade: facadeTokens, h: s.revokeToken},
+
+		// seed 003: join keys
+		{method: http.MethodPost, path: "/v1/join-keys", facade: facadeKeys, scope: ScopeCreateJoinKey, h: s.createKey},
+		{method: http.MethodGet, path: "/v1/join-keys", facade: facadeKeys, scope: ScopeListJoinKeys, h: s.listKeys},
+		{method: http.MethodGet, path: "/v1/join-keys/{id}", facade: facadeKeys, scope: ScopeReadJoinKey, h: s.getKey},
+		{method: http.MethodDelete, path: "/v1/join-keys/{id}", facade: facadeKeys, scope: ScopeDeleteJoinKey, h: s.deleteKey},
+
+		// seed 004: join codes
+		{method: http.MethodGet, path: "/v1/admin/cluster/join-codes", h: s.listCodes},
+		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes", h: s.mintCode},
+		{method: http.MethodGet, path: "/v1/admin/cluster/join-codes/{id}", h: s.getCode},
+		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/revoke", h: s.revokeCode},
+
+		// the bootstrap admin's cluster routes, in seed 004's style
+		{method: http.MethodGet, path: "/v1/admin/cluster/nodes", adminOnly: true, h: s.listNodes},
+		{method: http.MethodGet, path: "/v1/admin/cluster/nodes/{id}", adminOnly: true, h: s.getNode},
+		{method: http.MethodPost, path: "/v1/admin/cluster/nodes/{id}/revoke", adminOnly: true, h: s.revokeNode},
+		{method: http.MethodGet, path: "/v1/admin/cluster/joins", adminOnly: true, h: s.listJoins},
+		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/approve", adminOnly: true, h: s.decideJoin(true)},
+		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/refuse", adminOnly: true, h: s.decideJoin(false)},
+		{method: http.MethodGet, path: "/v1/admin/cluster/ca", adminOnly: true, h: s.getCA},
+		{method: http.MethodPost, path: "/v1/admin/cluster/ca/rotate", adminOnly: true, h: s.rotateCA},
+		{method: http.MethodGet, path: "/v1/admin/cluster/events", adminOnly: true, h: s.listEvents},
+		{method: http.MethodGet, path: "/v1/admin/registry", adminOnly: true, h: s.showRegistry},
+		{method: http.MethodPost, path: "/v1/admin/api-keys", adminOnly: true, h: s.createAPIKey},
+		{method: http.MethodGet, path: "/v1/admin/api-keys", adminOnly: true, h: s.listAPIKeys},
+		{method: http.MethodPost, path: "/v1/admin/api-keys/{id}/revoke", adminOnly: true, h: s.revokeAPIKey},
+	}
+}
+
+// Routes lists every route the server serves as "METHOD /path", sorted;
+// api/openapi.yaml documents exactly these.
+func Routes() []string {
+	var out []string
+	for _, rt := range (&Server{}).routeTable() {
+		out = append(out, rt.method+" "+rt.path)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// handle authenticates the caller, applies the route's gate and writes a
+// failure in the route's facade shape.
+func (s *Server) handle(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.authenticate(r)
+		if err == nil {
+			err = s.gate(rt, p)
+		}
+		if err == nil {
+			err = rt.h(w, r, p)
+		}
+		if err != nil {
+			s.fail(w, r, rt.facade, err)
+		}
+	})
+}
+
+func (s *Server) gate(rt route, p Principal) error {
+	switch {
+	case rt.adminOnly && !p.Admin:
+		return errForbidden("this action needs the bootstrap admin")
+	case rt.scope != "":
+		org, err := s.organization(p)
+		if err != nil {
+			return err
+		}
+		if !s.allowRequest(org) {
+			return &apiError{kind: kindRateLimited, msg: "too many requests"}
+		}
+		if !p.hasScope(rt.scope) {
+			return &apiError{kind: kindForbidden, msg: "api key must support the following scopes: " + rt.scope}
+		}
+	}
+	return nil
+}
