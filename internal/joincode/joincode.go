@@ -138,7 +138,7 @@ func ParseCode(input string) (Secret, error) {
 		case 'I', 'L':
 			r = '1'
 		}
-		if r > 0x7f || strings.IndexRune(Crockford, r) < 0 {
+		if r > 0x7f || !strings.ContainsRune(Crockford, r) {
 			return Secret{}, fmt.Errorf("%w: a join code uses only 0-9 and A-Z without U", ErrFormat)
 		}
 		b.WriteRune(r)
