@@ -393,3 +393,57 @@ func TestSecretFileModes(t *testing.T) {
 		}
 	}
 }
+
+func TestRetryAboveSourceRate(t *testing.T) {
+	var verified, plain atomic.Int32
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{RetryAbove: 1, Hooks: listener.Hooks{
+		Accept: func(v bool) {
+			if v {
+				verified.Add(1)
+			} else {
+				plain.Add(1)
+			}
+		},
+	}}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(0)})
+	for i := range 6 {
+		if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+			t.Fatalf("join %d: %v", i, err)
+		}
+	}
+	// the first connections are within the rate; the rest had to answer a
+	// Retry, and still joined
+	if plain.Load() == 0 || verified.Load() == 0 {
+		t.Fatalf("%d connections without Retry, %d with", plain.Load(), verified.Load())
+	}
+}
+
+func TestAgentGivesUpAfterThreeFailures(t *testing.T) {
+	var hellos atomic.Int32
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+		Challenge: func(string, bool, bool) { hellos.Add(1) },
+	}}})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	bad := wrongCode(t, sec)
+	dir := filepath.Join(t.TempDir(), "state")
+	for i := 1; i <= 3; i++ {
+		_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: bad})
+		if i < 3 && !errors.Is(err, agent.ErrNotAccepted) {
+			t.Fatalf("attempt %d: %v", i, err)
+		}
+		if i == 3 && !errors.Is(err, agent.ErrGaveUp) {
+			t.Fatalf("third failure: %v, want ErrGaveUp", err)
+		}
+	}
+	// a fourth run spends nothing: no exchange starts
+	if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: bad}); !errors.Is(err, agent.ErrGaveUp) {
+		t.Fatalf("fourth run: %v", err)
+	}
+	if hellos.Load() != 3 {
+		t.Fatalf("%d exchanges, want 3", hellos.Load())
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.FailedAttempts != 3 {
+		t.Fatalf("failedAttempts %d", c.FailedAttempts)
+	}
+}

@@ -69,6 +69,9 @@ type Hooks struct {
 	Challenge func(locator string, real, counted bool)
 	// Proof is called when a Proof frame arrives, before KE3 is checked.
 	Proof func(locator string)
+	// Accept is called for each new connection: addrVerified is true when
+	// the source proved its address with a Retry.
+	Accept func(addrVerified bool)
 }
 
 // Listener serves joins, renewals and the admin API.
@@ -255,6 +258,12 @@ func (l *Listener) Run(ctx context.Context) error {
 		StatelessResetKey:   &resetKey,
 		TokenGeneratorKey:   &tokenKey,
 		VerifySourceAddress: l.limiters.overRate,
+		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+			if h := l.cfg.Hooks.Accept; h != nil {
+				h(ci.AddrVerified)
+			}
+			return ctx, nil
+		},
 	}
 	defer tr.Close()
 	ln, err := tr.Listen(l.tlsConfig(), &quic.Config{

@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stratumjoin/stratum/internal/joincode"
+)
+
+// TestAgentExitStatus checks the statuses of DESIGN.md section 10 that
+// the other tests do not: 2 for usage errors (a typo caught by the check
+// symbol included) and 3 for a listener that cannot be reached.
+func TestAgentExitStatus(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name     string
+		endpoint string
+		code     string
+		want     int
+		stderr   string
+	}{
+		{"no endpoint", "", "4F7K2-Q9MXZ-T", 2, "--endpoint is required"},
+		{"typo", "127.0.0.1:1", "4F7K2-Q9MXZ-0", 2, "check symbol"},
+		{"not a code", "127.0.0.1:1", "hello", 2, "not a join code"},
+		{"unreachable", freeUDP(t), validCode(t), 3, "could not reach the listener"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := agentJoin(ctx, tc.endpoint, tc.code, filepath.Join(dir, tc.name))
+			if r.exit != tc.want || !strings.Contains(r.stderr, tc.stderr) {
+				t.Fatalf("exit %d (want %d), stderr %q", r.exit, tc.want, r.stderr)
+			}
+		})
+	}
+}
+
+// validCode is a well-formed code no listener minted.
+func validCode(t *testing.T) string {
+	t.Helper()
+	sec, err := joincode.NewCode("AB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sec.Display()
+}
+
+// TestMakeInstall installs binaries and units into a DESTDIR.
+func TestMakeInstall(t *testing.T) {
+	dest := t.TempDir()
+	cmd := exec.Command("make", "install", "DESTDIR="+dest)
+	cmd.Dir = moduleRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	for _, f := range []string{"usr/local/bin/stratum-agent", "usr/local/bin/stratum-listener", "lib/systemd/system/stratum-agent.service", "lib/systemd/system/stratum-listener.service", "lib/systemd/system/stratum-listener.socket", "lib/systemd/system/stratum-listener-admin.socket"} {
+		fi, err := os.Stat(filepath.Join(dest, f))
+		if err != nil {
+			t.Errorf("not installed: %s", f)
+			continue
+		}
+		if strings.Contains(f, "/bin/") && fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s is %o", f, fi.Mode().Perm())
+		}
+	}
+}
+
+func moduleRoot(t *testing.T) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
