@@ -129,6 +129,11 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 		return nil, &UnreachableError{err}
 	}
 	defer conn.CloseWithError(0, "")
+	// quic-go detaches the connection from the dial's context: close it
+	// when ctx ends, or a stop while the join waits for approval would
+	// block on the read until the listener gives up.
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
+	defer stop()
 	cs := conn.ConnectionState()
 	exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
 	if err != nil {

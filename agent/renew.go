@@ -16,9 +16,13 @@ import (
 
 // RenewConfig is what one renewal needs.
 type RenewConfig struct {
-	StateDir    string
-	Now         func() time.Time
+	StateDir string
+	Now      func() time.Time
+	// DialTimeout bounds reaching the listener (default 10s); Timeout
+	// bounds the exchange that follows (default 1m), so a listener that
+	// accepts and then hangs cannot stall the service loop.
 	DialTimeout time.Duration
+	Timeout     time.Duration
 }
 
 // Renew exchanges the node's current certificate (even one that expired
@@ -31,25 +35,28 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Minute
+	}
 	st := State{Dir: cfg.StateDir}
 	id, ok, err := st.Identity()
 	if err != nil {
-		return id, err
+		return id, &localError{err}
 	}
 	if !ok {
-		return id, errors.New("not joined")
+		return id, &localError{errors.New("not joined")}
 	}
 	key, err := st.Key()
 	if err != nil {
-		return id, err
+		return id, &localError{err}
 	}
 	chain, err := st.Chain()
 	if err != nil {
-		return id, err
+		return id, &localError{err}
 	}
 	roots, err := st.Roots()
 	if err != nil {
-		return id, err
+		return id, &localError{err}
 	}
 	tlsCert := tls.Certificate{PrivateKey: key, Leaf: chain[0]}
 	for _, c := range chain {
@@ -74,13 +81,20 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		return id, &UnreachableError{err}
 	}
 	defer conn.CloseWithError(0, "")
+	// quic-go detaches the connection from the dial's context: close it
+	// when ctx ends so that a stop interrupts a read in flight.
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
+	defer stop()
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		return id, &UnreachableError{err}
 	}
+	if err := str.SetDeadline(time.Now().Add(cfg.Timeout)); err != nil {
+		return id, &UnreachableError{err}
+	}
 	csr, err := CSR(key)
 	if err != nil {
-		return id, err
+		return id, &localError{err}
 	}
 	if err := wire.Write(str, &wire.Renew{CSR: csr}); err != nil {
 		return id, &UnreachableError{err}
@@ -122,8 +136,19 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 	if issuerRoot != nil {
 		id.CAFingerprint = pki.FormatFingerprint(pki.FingerprintOf(issuerRoot))
 	}
-	return id, st.saveCredentials(newChain, bundle, id)
+	if err := st.saveCredentials(newChain, bundle, id); err != nil {
+		return id, &localError{err}
+	}
+	return id, nil
 }
+
+// localError is a failure of this machine's own state (no identity, an
+// unreadable key or certificate, a state directory it cannot write):
+// trying the renewal again cannot fix it.
+type localError struct{ err error }
+
+func (e *localError) Error() string { return e.err.Error() }
+func (e *localError) Unwrap() error { return e.err }
 
 // rootOf finds the root in bundle that the leaf's chain ends at.
 func rootOf(leaf *x509.Certificate, chain, bundle []*x509.Certificate) *x509.Certificate {

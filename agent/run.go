@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/joincode"
@@ -47,13 +48,21 @@ type RunConfig struct {
 	// (default 1s and 4m); each wait is drawn uniformly from [0, min(max,
 	// base*2^n)] ("full jitter"), so a fleet restarted together spreads out.
 	BackoffBase, BackoffMax time.Duration
-	// JoinDial lets tests route the join through something else.
-	JoinConfig func(*JoinConfig)
+	// JoinConfig and RenewConfig, when set, adjust each join or renewal
+	// before it runs (tests shorten timeouts or route the dial).
+	JoinConfig  func(*JoinConfig)
+	RenewConfig func(*RenewConfig)
+	// OnRetry, when set, is told of each wait before a join or renewal is
+	// tried again: attempt counts from 0, err is what failed.
+	OnRetry func(attempt int, wait time.Duration, err error)
 }
 
-// ErrNeedsNewCode is returned when the listener no longer knows the node
-// and no code is at hand.
-var ErrNeedsNewCode = errors.New("the listener no longer knows this node: give it a new join code")
+// ErrNeedsNewCode is returned when the listener refuses to renew the
+// node's certificate for good (it was revoked, or the listener no longer
+// knows it): only a join with a new code gives the machine an identity
+// again. The agent never falls back to the code it joined with, so a
+// revoked node stays out.
+var ErrNeedsNewCode = errors.New("the listener no longer accepts this node: join it again with a new code")
 
 func (c *RunConfig) defaults() {
 	if c.Clock == nil {
@@ -84,38 +93,55 @@ func (nopNotifier) Status(string) error { return nil }
 // Run keeps the node joined until ctx ends: it joins if needed (retrying
 // transient failures with jittered exponential backoff), says READY once
 // it holds a valid identity, and renews at 2/3 of each certificate's life
-// with jitter. A permanent refusal ends it with an error.
+// with jitter. A permanent refusal ends it with an error; the end of ctx
+// ends it with nil, whatever it was doing.
 func Run(ctx context.Context, cfg RunConfig) error {
 	cfg.defaults()
+	err := run(ctx, &cfg)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func run(ctx context.Context, cfg *RunConfig) error {
 	st := State{Dir: cfg.StateDir}
 	id, joined, err := st.Identity()
 	if err != nil {
 		return err
 	}
 	if !joined {
-		if id, err = runJoin(ctx, &cfg); err != nil {
+		if id, err = runJoin(ctx, cfg); err != nil {
 			return err
 		}
+		// The key stretching's memory (64 MiB with the default Argon2id
+		// parameters) is garbage now: give it back to the system rather
+		// than carry it in an idle service until the next forced GC.
+		debug.FreeOSMemory()
 	} else if !cfg.Clock.Now().Before(id.NotAfter) {
 		// expired while the machine was off: the listener renews it if it
 		// still knows the node
-		cfg.status("certificate expired at " + id.NotAfter.Format(time.RFC3339) + "; renewing")
-		if id, err = runRenew(ctx, &cfg); err != nil {
+		cfg.status("certificate expired at " + id.NotAfter.UTC().Format(time.RFC3339) + "; renewing")
+		if id, err = runRenew(ctx, cfg); err != nil {
 			return err
 		}
 	}
 	_ = cfg.Notifier.Ready(joinedStatus(id))
+	cfg.Logger.Info("state", "status", joinedStatus(id))
 	for {
-		at := renewTime(id, cfg.Rand())
-		cfg.Logger.Info("next renewal", "at", at.Format(time.RFC3339), "nodeId", id.NodeID)
-		if err := sleep(ctx, cfg.Clock, at.Sub(cfg.Clock.Now())); err != nil {
-			return nil
+		now := cfg.Clock.Now()
+		wait := renewTime(id, cfg.Rand()).Sub(now)
+		if wait <= 0 {
+			// Overdue (the agent was stopped past its renewal time): a
+			// fleet restarted together must not renew in lockstep either.
+			wait = overdueWait(id, now, cfg.Rand())
+		}
+		cfg.Logger.Info("next renewal", "at", now.Add(wait).UTC().Format(time.RFC3339), "nodeId", id.NodeID)
+		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+			return err
 		}
 		cfg.status("renewing")
-		if id, err = runRenew(ctx, &cfg); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		if id, err = runRenew(ctx, cfg); err != nil {
 			return err
 		}
 		cfg.status(joinedStatus(id))
@@ -141,6 +167,17 @@ func renewTime(id Identity, r float64) time.Time {
 	start := id.NotAfter.Add(-life)
 	jitter := time.Duration((r*2 - 1) * float64(life) / 12)
 	return start.Add(life*2/3 + jitter)
+}
+
+// overdueWait spreads the renewals of agents that start past their renewal
+// time: up to a minute, and never more than a quarter of what is left of
+// the certificate (nothing once it has expired).
+func overdueWait(id Identity, now time.Time, r float64) time.Duration {
+	spread := min(time.Minute, id.NotAfter.Sub(now)/4)
+	if spread <= 0 {
+		return 0
+	}
+	return time.Duration(r * float64(spread))
 }
 
 // Backoff returns the n-th (0-based) wait: uniform in [0, min(max, base*2^n)].
@@ -208,38 +245,64 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			cfg.status("refused: " + err.Error())
 			return Identity{}, err
 		}
-		wait := Backoff(attempt, cfg.BackoffBase, cfg.BackoffMax, cfg.Rand())
-		cfg.Logger.Warn("join failed, retrying", "err", err, "in", wait)
-		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+		if err := cfg.retry(ctx, "join", attempt, err); err != nil {
 			return Identity{}, err
 		}
 	}
 }
 
+// retry reports a transient failure and waits before the next attempt.
+func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause error) error {
+	wait := Backoff(attempt, c.BackoffBase, c.BackoffMax, c.Rand())
+	c.Logger.Warn(what+" failed, retrying", "err", cause, "in", wait, "attempt", attempt+1)
+	_ = c.Notifier.Status(fmt.Sprintf("%s failed, retrying in %s: %v", what, wait.Round(time.Millisecond), cause))
+	if c.OnRetry != nil {
+		c.OnRetry(attempt, wait, cause)
+	}
+	return sleep(ctx, c.Clock, wait)
+}
+
 func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 	st := State{Dir: cfg.StateDir}
 	for attempt := 0; ; attempt++ {
-		id, err := Renew(ctx, RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now})
+		rc := RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now}
+		if cfg.RenewConfig != nil {
+			cfg.RenewConfig(&rc)
+		}
+		id, err := Renew(ctx, rc)
 		if err == nil {
 			return id, nil
 		}
 		if ctx.Err() != nil {
 			return id, ctx.Err()
 		}
-		id.LastError = err.Error()
-		_ = st.saveIdentity(id)
-		if !transient(err) {
-			var r *RefusedError
-			if errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked) {
-				cfg.status("refused: " + r.Message)
-				return id, fmt.Errorf("%w: %w", ErrNeedsNewCode, err)
+		// Record the failure for `stratum-agent status`, over what is on
+		// disk now: id may be empty when reading the state failed.
+		if cur, ok, rerr := st.Identity(); rerr == nil && ok {
+			cur.LastError = err.Error()
+			if serr := st.saveIdentity(cur); serr != nil {
+				cfg.Logger.Warn("record renewal error", "err", serr)
 			}
+		}
+		// Only a refusal or this machine's own state stops the service:
+		// anything else (the listener unreachable or busy, a broken
+		// answer, a certificate this clock does not accept yet) is tried
+		// again with backoff; the listener renews even an expired
+		// certificate of a node it knows.
+		var r *RefusedError
+		var local *localError
+		switch {
+		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked):
+			cfg.status("refused: " + r.Message)
+			return id, fmt.Errorf("%w: %w", ErrNeedsNewCode, err)
+		case r != nil && !r.Retryable():
 			cfg.status("refused: " + err.Error())
 			return id, err
+		case errors.As(err, &local):
+			cfg.status("failed: " + err.Error())
+			return id, err
 		}
-		wait := Backoff(attempt, cfg.BackoffBase, cfg.BackoffMax, cfg.Rand())
-		cfg.Logger.Warn("renewal failed, retrying", "err", err, "in", wait)
-		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+		if err := cfg.retry(ctx, "renewal", attempt, err); err != nil {
 			return id, err
 		}
 	}

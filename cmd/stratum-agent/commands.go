@@ -190,6 +190,8 @@ func explain(err error) error {
 	var refused *agent.RefusedError
 	var unreachable *agent.UnreachableError
 	switch {
+	case errors.Is(err, agent.ErrNeedsNewCode):
+		return &exitError{1, err}
 	case errors.Is(err, agent.ErrGaveUp):
 		return &exitError{1, err}
 	case errors.Is(err, agent.ErrNotAccepted):
@@ -262,21 +264,49 @@ func statusCommand() *cobra.Command {
 			if jsonOut {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(id)
+				return enc.Encode(newStatusView(id))
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "node         %s\nrole         %s\ntrust        %s\nendpoint     %s\npinned CA    %s\ncert expires %s\n", id.NodeID, id.Role, id.Trust, id.Endpoint, id.CAFingerprint, id.NotAfter.Format(time.RFC3339))
+			renewal, lastErr := "never", "none"
 			if id.LastRenewal != nil {
-				fmt.Fprintf(w, "last renewal %s\n", id.LastRenewal.Format(time.RFC3339))
+				renewal = id.LastRenewal.Format(time.RFC3339)
 			}
 			if id.LastError != "" {
-				fmt.Fprintf(w, "last error   %s\n", id.LastError)
+				lastErr = id.LastError
 			}
+			fmt.Fprintf(w, "last renewal %s\nlast error   %s\n", renewal, lastErr)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
 	return cmd
+}
+
+// statusView is `status --json`: every field is always present (null or
+// "" when unknown), so scripts need not test for missing keys.
+type statusView struct {
+	Joined        bool       `json:"joined"`
+	NodeID        string     `json:"nodeId"`
+	Role          string     `json:"role"`
+	Trust         string     `json:"trust"`
+	Endpoint      string     `json:"endpoint"`
+	TrustDomain   string     `json:"trustDomain"`
+	CAFingerprint string     `json:"caFingerprint"`
+	NotAfter      time.Time  `json:"notAfter"`
+	RenewAfter    time.Time  `json:"renewAfter"`
+	JoinedAt      time.Time  `json:"joinedAt"`
+	LastRenewal   *time.Time `json:"lastRenewal"`
+	LastError     string     `json:"lastError"`
+	Host          *wire.Host `json:"host,omitempty"`
+}
+
+func newStatusView(id agent.Identity) statusView {
+	return statusView{
+		Joined: true, NodeID: id.NodeID, Role: id.Role, Trust: id.Trust, Endpoint: id.Endpoint, TrustDomain: id.TrustDomain,
+		CAFingerprint: id.CAFingerprint, NotAfter: id.NotAfter, RenewAfter: id.RenewAfter, JoinedAt: id.JoinedAt,
+		LastRenewal: id.LastRenewal, LastError: id.LastError, Host: id.Host,
+	}
 }
 
 func runCommand() *cobra.Command {
