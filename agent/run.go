@@ -292,7 +292,7 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		var r *RefusedError
 		var local *localError
 		switch {
-		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked):
+		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked || r.Code == wire.CodeCertInvalid):
 			cfg.status("refused: " + r.Message)
 			return id, fmt.Errorf("%w: %w", ErrNeedsNewCode, err)
 		case r != nil && !r.Retryable():

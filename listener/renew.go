@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,8 +29,19 @@ func (l *Listener) renew(ctx context.Context, str Stream, peer []*x509.Certifica
 // the cluster's roots for client authentication; a certificate that merely
 // expired (the machine was off) is accepted if the node still stands.
 func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certificate) (quic.ApplicationErrorCode, error) {
+	// A certificate the listener cannot accept is refused by name, after
+	// the request is read, so the agent knows not to retry.
+	refuse := func(msg string, cause error) (quic.ApplicationErrorCode, error) {
+		str.SetReadDeadline(time.Now().Add(helloTimeout))
+		var req wire.Renew
+		if err := wire.Read(str, &req); err != nil {
+			return errCodeAuth, fmt.Errorf("%s: %w", msg, cause)
+		}
+		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"})
+		return errCodeDone, fmt.Errorf("%s: %w", msg, cause)
+	}
 	if len(peer) == 0 {
-		return errCodeAuth, fmt.Errorf("renewal without a client certificate")
+		return refuse("the renewal carried no node certificate", errors.New("no client certificate"))
 	}
 	raw := certsDER(peer)
 	roots := l.Roots()
@@ -39,11 +51,11 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 		leaf, err = pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, peer[0].NotAfter.Add(-time.Second))
 	}
 	if err != nil {
-		return errCodeAuth, fmt.Errorf("client certificate: %w", err)
+		return refuse("this node's certificate is not one this cluster issued", err)
 	}
 	nodeID, _, err := pki.NodeIdentity(leaf, l.settings.TrustDomain)
 	if err != nil {
-		return errCodeAuth, err
+		return refuse("this node's certificate names no node of this cluster", err)
 	}
 	str.SetReadDeadline(time.Now().Add(helloTimeout))
 	var req wire.Renew

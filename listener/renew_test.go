@@ -213,8 +213,10 @@ func TestRenewRefusesForeignCertificate(t *testing.T) {
 	}
 	writeIdentity(t, f.dir, id)
 	old := f.leaf(t)
-	if _, err := f.renew(); err == nil {
-		t.Fatal("another cluster renewed this cluster's node certificate")
+	_, err := f.renew()
+	var refused *agent.RefusedError
+	if !errors.As(err, &refused) || refused.Code != wire.CodeCertInvalid || refused.Retryable() {
+		t.Fatalf("another cluster's certificate: %v, want a permanent %s refusal", err, wire.CodeCertInvalid)
 	}
 	if nodes, _ := other.Admin.Nodes(context.Background()); len(nodes) != 0 || !f.leaf(t).Equal(old) {
 		t.Fatalf("foreign renewal left %d nodes", len(nodes))

@@ -471,11 +471,13 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		}
 		now := c.now().UTC()
 		n.CertSerial, n.NotAfter, n.RenewedAt, n.KeyFP = cert.Serial, cert.NotAfter, &now, req.KeyFP
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n))})
+		ev, evOp := c.newEvent(EventNodeRenewed, SystemActor, map[string]string{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n)), evOp})
 		if err != nil {
 			return Outcome{}, fmt.Errorf("commit renewal: %w", err)
 		}
 		if ok {
+			c.logEvents(ev)
 			return Outcome{Status: wire.StatusJoined, Node: &n, Cert: cert}, nil
 		}
 	}

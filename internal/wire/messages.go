@@ -107,6 +107,7 @@ const (
 	CodeBadCSR           = "CSR_INVALID"
 	CodeNodeRevoked      = "NODE_REVOKED"
 	CodeNodeUnknown      = "NODE_UNKNOWN"
+	CodeCertInvalid      = "NODE_CERT_INVALID"
 	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
 	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
 )
