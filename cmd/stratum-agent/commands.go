@@ -327,8 +327,15 @@ func runCommand() *cobra.Command {
 			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && cfg.Endpoint == "" {
 				cfg.Endpoint = id.Endpoint
 			}
+			// the unit reads these from /etc/stratum/agent.env, written at provisioning
 			if cfg.Endpoint == "" {
-				return usage("--endpoint is required until the node has joined")
+				cfg.Endpoint = os.Getenv("STRATUM_ENDPOINT")
+			}
+			if cfg.CAFingerprint == "" {
+				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
+			}
+			if cfg.Endpoint == "" {
+				return usage("--endpoint (or STRATUM_ENDPOINT) is required until the node has joined")
 			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
 			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
