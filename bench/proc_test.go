@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,6 +19,10 @@ var binDir string
 func TestMain(m *testing.M) {
 	if os.Getenv("STRATUM_BENCH_FLOOR") != "" {
 		os.Exit(runFloorServer())
+	}
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		os.Exit(m.Run()) // no benchmark selected: nothing to build
 	}
 	dir, err := os.MkdirTemp("", "stratum-bench-bin")
 	if err != nil {
