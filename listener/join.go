@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/big"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -48,17 +47,13 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return errCodeProtocol, fmt.Errorf("read hello: %w", err)
 	}
 
-	start := time.Now()
+	// Unknown and inactive locators cost one durable write too (see
+	// cluster.standIn), so the Challenge's timing does not tell them apart.
 	att, err := l.beginAttempt(ctx, hello.Locator)
 	if err != nil {
 		// the count's outcome is unknown: it counts as spent, and nothing
 		// is answered
 		return errCodeInternal, fmt.Errorf("count attempt: %w", err)
-	}
-	if att.Counted {
-		l.cost.observe(time.Since(start))
-	} else {
-		l.cost.pad(ctx, time.Since(start))
 	}
 
 	l.mu.RLock()
@@ -110,7 +105,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	str.SetReadDeadline(time.Time{})
 
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
-	if err != nil || csr.CheckSignature() != nil {
+	// the signature is checked once, by pki when it issues
+	if err != nil {
 		l.abandon(att)
 		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
@@ -136,6 +132,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	announced := false
 	for {
 		out, err := l.cluster.Prove(ctx, req)
+		if errors.Is(err, pki.ErrInvalidCSR) {
+			l.abandon(req.Attempt)
+			return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+		}
 		if err != nil {
 			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the join; try again"})
 			return errCodeInternal, err
@@ -230,58 +230,6 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 		r.JoinID = out.Join.ID
 	}
 	return r
-}
-
-// costModel makes the paths that write nothing (unknown locator, inactive
-// secret) take as long as the one that waits for a durable write, so the
-// Challenge's timing does not tell them apart. It pads each to a duration
-// drawn from the recent live-path durations, which reproduces their
-// distribution (fsync outliers included) rather than only their mean.
-type costModel struct {
-	mu      sync.Mutex
-	samples [64]time.Duration
-	n       int
-	// overshoot is how late timers fire here (EWMA); waits are shortened
-	// by it so padded paths are not slower than the live one.
-	overshoot time.Duration
-}
-
-func (c *costModel) observe(d time.Duration) {
-	c.mu.Lock()
-	c.samples[c.n%len(c.samples)] = d
-	c.n++
-	c.mu.Unlock()
-}
-
-func (c *costModel) draw() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	filled := min(c.n, len(c.samples))
-	if filled == 0 {
-		return 2 * time.Millisecond
-	}
-	return c.samples[rand.IntN(filled)]
-}
-
-func (c *costModel) pad(ctx context.Context, spent time.Duration) {
-	c.mu.Lock()
-	late := c.overshoot
-	c.mu.Unlock()
-	wait := c.draw() - spent - late
-	if wait <= 0 {
-		return
-	}
-	start := time.Now()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return
-	case <-t.C:
-	}
-	c.mu.Lock()
-	c.overshoot = (c.overshoot*7 + (time.Since(start) - wait)) / 8
-	c.mu.Unlock()
 }
 
 // beginAttempt counts the attempt, waiting while the secret's attempts

@@ -447,3 +447,22 @@ func TestAgentGivesUpAfterThreeFailures(t *testing.T) {
 		t.Fatalf("failedAttempts %d", c.FailedAttempts)
 	}
 }
+
+func TestBadCSRRefused(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	csr[len(csr)-3] ^= 0xff // break the signature
+	out, err := rawJoin{Secret: sec, CSR: csr}.run(context.Background(), l.Endpoint)
+	if err != nil || len(out.Results) != 1 || out.Results[0].Code != wire.CodeBadCSR {
+		t.Fatalf("bad CSR: %v %+v", err, out.Results)
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.Uses != 0 || c.Registrations != 0 {
+		t.Fatalf("a bad CSR consumed a use: %+v", c)
+	}
+	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+		t.Fatalf("the code no longer joins after a bad CSR: %v", err)
+	}
+}

@@ -93,7 +93,6 @@ type Listener struct {
 	roots    []*x509.Certificate
 	chainsFP map[string][][]byte // CA fingerprint -> caChain DER
 
-	cost     costModel
 	limiters sourceLimiters
 
 	addr net.Addr

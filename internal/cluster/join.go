@@ -41,14 +41,18 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 	for range maxCASRounds {
 		s, rev, err := c.SecretByLocator(ctx, locator)
 		if errors.Is(err, ErrNotFound) {
-			return Attempt{}, nil
+			// read as much as the live path does, then write as it does
+			if _, err := c.store.Get(ctx, pfxSecret+"-"); err != nil {
+				return Attempt{}, err
+			}
+			return Attempt{}, c.standIn(ctx)
 		}
 		if err != nil {
 			return Attempt{}, err
 		}
 		now := c.now().UTC()
 		if !s.Live(now) {
-			return Attempt{Secret: s}, nil
+			return Attempt{Secret: s}, c.standIn(ctx)
 		}
 		var evs []Event
 		ops := []store.Op{}
@@ -106,6 +110,26 @@ func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
 	}
 	return ErrConflict
 }
+
+// standIn makes the paths that count nothing (an unknown locator, an
+// inactive secret) cost what counting costs: one durable transaction of
+// the same shape. Sleeping for an estimate could not reproduce the
+// distribution of fsync times; a real write does. The key records when
+// the last unmatched attempt happened, which operators can watch.
+func (c *Cluster) standIn(ctx context.Context) error {
+	ok, err := c.store.Txn(ctx, []store.Cmp{}, []store.Op{putString(keyUnmatched, c.now().UTC().Format(time.RFC3339Nano))})
+	if err != nil {
+		return fmt.Errorf("record unmatched attempt: %w", err)
+	}
+	if !ok {
+		return ErrConflict
+	}
+	return nil
+}
+
+// keyUnmatched holds the time of the last attempt that matched no live
+// secret.
+const keyUnmatched = "stats/last-unmatched-attempt"
 
 // Issuer signs a node certificate for nodeID with role; it is called
 // inside the transaction loop and its output only leaves once the
