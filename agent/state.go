@@ -121,16 +121,22 @@ func (s State) saveIdentity(id Identity) error {
 	return pki.WriteFile(s.path(NodeFile), append(b, '\n'), 0o600)
 }
 
-// saveCredentials writes node.crt and ca.pem, then node.json, each
-// atomically: a crash leaves either the old identity or the new one.
+// saveCredentials writes node.crt, ca.pem and then node.json, each
+// atomically and with one directory sync: a crash leaves either the old
+// identity or the new one.
 func (s State) saveCredentials(chain, roots []*x509.Certificate, id Identity) error {
-	if err := pki.WriteFile(s.path(CertFile), pki.EncodeCertsPEM(chain), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", CertFile, err)
+	b, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
 	}
-	if err := pki.WriteFile(s.path(CAFile), pki.EncodeCertsPEM(roots), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", CAFile, err)
+	if err := pki.WriteFiles(s.Dir, []pki.File{
+		{Name: CertFile, Data: pki.EncodeCertsPEM(chain), Mode: 0o644},
+		{Name: CAFile, Data: pki.EncodeCertsPEM(roots), Mode: 0o644},
+		{Name: NodeFile, Data: append(b, '\n'), Mode: 0o600},
+	}); err != nil {
+		return fmt.Errorf("write node identity: %w", err)
 	}
-	return s.saveIdentity(id)
+	return nil
 }
 
 // Roots reads the pinned CA bundle.
@@ -167,6 +173,9 @@ func (s State) setFailures(locator string, n int) error {
 		_ = json.Unmarshal(b, &m)
 	}
 	if n == 0 {
+		if _, ok := m[locator]; !ok {
+			return nil // nothing to forget: spare the disk a write
+		}
 		delete(m, locator)
 	} else {
 		m[locator] = n

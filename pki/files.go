@@ -146,3 +146,52 @@ func ensurePrivateDir(dir string) error {
 	}
 	return nil
 }
+
+// File is one file for WriteFiles.
+type File struct {
+	Name string // in the directory
+	Data []byte
+	Mode os.FileMode
+}
+
+// WriteFiles replaces several files of one directory, each atomically and
+// in the order given, with a single directory sync at the end: a crash
+// leaves every file either old or new, and a later file (a commit marker
+// such as node.json) never new while an earlier one is old.
+func WriteFiles(dir string, files []File) error {
+	if err := ensurePrivateDir(dir); err != nil {
+		return err
+	}
+	tmps := make([]string, 0, len(files))
+	defer func() {
+		for _, t := range tmps {
+			os.Remove(t) // after a successful rename the name is gone already
+		}
+	}()
+	for _, f := range files {
+		t, err := os.CreateTemp(dir, "."+f.Name+".tmp-*")
+		if err != nil {
+			return err
+		}
+		tmps = append(tmps, t.Name())
+		_, err = t.Write(f.Data)
+		if err == nil {
+			err = t.Chmod(f.Mode)
+		}
+		if err == nil {
+			err = t.Sync()
+		}
+		if cerr := t.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for i, f := range files {
+		if err := os.Rename(tmps[i], filepath.Join(dir, f.Name)); err != nil {
+			return err
+		}
+	}
+	return syncDir(dir)
+}

@@ -144,3 +144,38 @@ func privateDir(t *testing.T) string {
 	}
 	return dir
 }
+
+func TestWriteFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	files := []pki.File{{Name: "a.crt", Data: []byte("a"), Mode: 0o644}, {Name: "b.json", Data: []byte("b"), Mode: 0o600}}
+	if err := pki.WriteFiles(dir, files); err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.WriteFiles(dir, []pki.File{{Name: "a.crt", Data: []byte("a2"), Mode: 0o644}, files[1]}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 {
+		t.Fatalf("%d entries, temp files left behind?", len(entries))
+	}
+	for name, want := range map[string]struct {
+		data string
+		mode os.FileMode
+	}{"a.crt": {"a2", 0o644}, "b.json": {"b", 0o600}} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		fi, _ := os.Stat(filepath.Join(dir, name))
+		if err != nil || string(b) != want.data || fi.Mode().Perm() != want.mode {
+			t.Errorf("%s: %q %o %v", name, b, fi.Mode().Perm(), err)
+		}
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o700 {
+		t.Fatalf("dir %o", fi.Mode().Perm())
+	}
+	// a directory open to others is refused, as for secret files
+	open := filepath.Join(t.TempDir(), "open")
+	os.Mkdir(open, 0o755)
+	os.Chmod(open, 0o755)
+	if err := pki.WriteFiles(open, files); err == nil {
+		t.Fatal("wrote into a 0755 directory")
+	}
+}
