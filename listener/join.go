@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/big"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -132,6 +133,9 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	announced := false
 	for {
 		out, err := l.cluster.Prove(ctx, req)
+		if req.Attempt.Counted {
+			l.leaseQueue.release(req.Attempt.Secret.ID) // proven or not, its lease is gone
+		}
 		if errors.Is(err, pki.ErrInvalidCSR) {
 			l.abandon(req.Attempt)
 			return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
@@ -234,7 +238,9 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 
 // beginAttempt counts the attempt, waiting while the secret's attempts
 // are all in flight (ErrBusy) so that holders proving the right code at
-// once are not taken for a guessing storm.
+// once are not taken for a guessing storm. Waiters queue per secret and
+// are woken one at a time as leases end here; a slow timer covers leases
+// that end on another listener or expire.
 func (l *Listener) beginAttempt(ctx context.Context, locator string) (cluster.Attempt, error) {
 	ctx, cancel := context.WithTimeout(ctx, cluster.LeaseTime)
 	defer cancel()
@@ -243,13 +249,70 @@ func (l *Listener) beginAttempt(ctx context.Context, locator string) (cluster.At
 		if !errors.Is(err, cluster.ErrBusy) {
 			return att, err
 		}
-		t := time.NewTimer(time.Duration(20+rand.IntN(80)) * time.Millisecond)
+		woken := l.leaseQueue.wait(att.Secret.ID)
+		t := time.NewTimer(time.Duration(200+rand.IntN(300)) * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			l.leaseQueue.leave(att.Secret.ID, woken)
 			return att, err
+		case <-woken:
 		case <-t.C:
 		}
+		t.Stop()
+	}
+}
+
+// leaseQueue wakes starts waiting for a secret's in-flight attempts.
+type leaseQueue struct {
+	mu      sync.Mutex
+	waiting map[string][]chan struct{}
+}
+
+func (q *leaseQueue) wait(secretID string) <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.waiting == nil {
+		q.waiting = map[string][]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	q.waiting[secretID] = append(q.waiting[secretID], ch)
+	return ch
+}
+
+// leave takes a start that gave up out of the queue; if it had been woken
+// already, the wake-up goes to the next in line.
+func (q *leaseQueue) leave(secretID string, ch <-chan struct{}) {
+	q.mu.Lock()
+	w := q.waiting[secretID]
+	for i, c := range w {
+		if c == ch {
+			q.waiting[secretID] = append(w[:i:i], w[i+1:]...)
+			q.mu.Unlock()
+			return
+		}
+	}
+	q.mu.Unlock()
+	select {
+	case <-ch:
+		q.release(secretID)
+	default:
+	}
+}
+
+// release wakes the longest waiting start for secretID, if any.
+func (q *leaseQueue) release(secretID string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w := q.waiting[secretID]
+	if len(w) == 0 {
+		return
+	}
+	close(w[0])
+	if len(w) == 1 {
+		delete(q.waiting, secretID)
+	} else {
+		q.waiting[secretID] = w[1:]
 	}
 }
 
@@ -259,5 +322,8 @@ func (l *Listener) abandon(att cluster.Attempt) {
 	defer cancel()
 	if err := l.cluster.Abandon(ctx, att); err != nil {
 		l.logger.Warn("free attempt lease", "err", err)
+	}
+	if att.Counted {
+		l.leaseQueue.release(att.Secret.ID)
 	}
 }

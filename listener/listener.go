@@ -93,7 +93,8 @@ type Listener struct {
 	roots    []*x509.Certificate
 	chainsFP map[string][][]byte // CA fingerprint -> caChain DER
 
-	limiters sourceLimiters
+	limiters   sourceLimiters
+	leaseQueue leaseQueue
 
 	addr net.Addr
 

@@ -28,7 +28,8 @@ const LeaseTime = 90 * time.Second
 
 // ErrBusy means the secret already has MaxUnproven attempts counted and
 // some are still in flight: the start must wait for them rather than burn
-// a code that its holders may be proving right now.
+// a code that its holders may be proving right now. The Attempt returned
+// with it names the secret, so the caller can wait for that one.
 var ErrBusy = errors.New("too many attempts in flight for this secret")
 
 // BeginAttempt looks up a locator and, for a live secret, counts one
@@ -60,7 +61,7 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 		leaseID := ""
 		s.liveLeases(now)
 		if s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
-			return Attempt{}, ErrBusy
+			return Attempt{Secret: s}, ErrBusy
 		}
 		if s.Unproven+1 > MaxUnproven {
 			s.Leases = nil
