@@ -119,3 +119,33 @@ func Open(ctx context.Context, rawURL string) (Store, error) {
 	}
 	return open(ctx, u)
 }
+
+// MaxTxnOps is etcd's default --max-txn-ops: at most this many
+// comparisons and this many operations in one transaction, on every
+// backend, so a transaction that works on bbolt cannot fail on etcd.
+const MaxTxnOps = 128
+
+// CheckTxn refuses, before anything is written, what etcd would refuse:
+// too many comparisons or operations, an empty key, or one key written
+// twice. Every backend calls it.
+func CheckTxn(cmps []Cmp, ops []Op) error {
+	if len(cmps) > MaxTxnOps || len(ops) > MaxTxnOps {
+		return fmt.Errorf("store txn: %d comparisons and %d operations, at most %d of each", len(cmps), len(ops), MaxTxnOps)
+	}
+	for _, c := range cmps {
+		if c.Key == "" {
+			return errors.New("store txn: empty key in comparison")
+		}
+	}
+	seen := make(map[string]bool, len(ops))
+	for _, op := range ops {
+		if op.Key == "" {
+			return errors.New("store txn: empty key in operation")
+		}
+		if seen[op.Key] {
+			return fmt.Errorf("store txn: key %q written twice", op.Key)
+		}
+		seen[op.Key] = true
+	}
+	return nil
+}

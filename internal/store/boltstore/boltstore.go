@@ -217,7 +217,7 @@ func (s *Store) List(ctx context.Context, prefix, after string, limit int) ([]st
 // Txn implements store.Store: the comparisons and the writes happen in one
 // bbolt write transaction, which bbolt serialises and fsyncs on commit.
 func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool, error) {
-	if err := checkOps(cmps, ops); err != nil {
+	if err := store.CheckTxn(cmps, ops); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -277,33 +277,4 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	default:
 		return false, fmt.Errorf("store txn: %w", err)
 	}
-}
-
-// maxTxnOps is etcd's default --max-txn-ops; enforcing it here too keeps a
-// transaction that works on one file from failing on a shared cluster.
-const maxTxnOps = 128
-
-// checkOps rejects what etcd would reject, so both backends refuse the same
-// transactions: too many comparisons or operations, an empty key, or one key
-// written twice.
-func checkOps(cmps []store.Cmp, ops []store.Op) error {
-	if len(cmps) > maxTxnOps || len(ops) > maxTxnOps {
-		return fmt.Errorf("store txn: %d comparisons and %d operations, at most %d of each", len(cmps), len(ops), maxTxnOps)
-	}
-	for _, c := range cmps {
-		if c.Key == "" {
-			return errors.New("store txn: empty key in comparison")
-		}
-	}
-	seen := make(map[string]bool, len(ops))
-	for _, op := range ops {
-		if op.Key == "" {
-			return errors.New("store txn: empty key in operation")
-		}
-		if seen[op.Key] {
-			return fmt.Errorf("store txn: key %q written twice", op.Key)
-		}
-		seen[op.Key] = true
-	}
-	return nil
 }

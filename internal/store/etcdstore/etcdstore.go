@@ -48,8 +48,6 @@ const (
 	DefaultDialTimeout = 5 * time.Second
 
 	defaultPort = "2379"
-	// maxTxnOps is etcd's default --max-txn-ops.
-	maxTxnOps = 128
 )
 
 func init() {
@@ -243,7 +241,7 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	if s.closed.Load() {
 		return false, errClosed
 	}
-	if err := checkOps(cmps, ops); err != nil {
+	if err := store.CheckTxn(cmps, ops); err != nil {
 		return false, err
 	}
 	conds := make([]clientv3.Cmp, 0, len(cmps))
@@ -265,28 +263,4 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 		return false, fmt.Errorf("etcd txn (outcome unknown): %w", err)
 	}
 	return resp.Succeeded, nil
-}
-
-// checkOps rejects, before anything is sent, what etcd would reject or what
-// the bolt backend refuses, so both backends refuse the same transactions.
-func checkOps(cmps []store.Cmp, ops []store.Op) error {
-	if len(cmps) > maxTxnOps || len(ops) > maxTxnOps {
-		return fmt.Errorf("store txn: %d comparisons and %d operations, at most %d of each", len(cmps), len(ops), maxTxnOps)
-	}
-	for _, c := range cmps {
-		if c.Key == "" {
-			return errors.New("store txn: empty key in comparison")
-		}
-	}
-	seen := make(map[string]bool, len(ops))
-	for _, op := range ops {
-		if op.Key == "" {
-			return errors.New("store txn: empty key in operation")
-		}
-		if seen[op.Key] {
-			return fmt.Errorf("store txn: key %q written twice", op.Key)
-		}
-		seen[op.Key] = true
-	}
-	return nil
 }
