@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stratumjoin/stratum/internal/testbin"
 )
 
 var binDir string
@@ -29,11 +31,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	root, _ := exec.Command("go", "env", "GOMOD").Output()
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/stratum-listener")
-	build.Dir = filepath.Dir(strings.TrimSpace(string(root)))
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
+	if err := testbin.Build(dir, nil, "./cmd/stratum-listener"); err != nil {
 		fmt.Fprintln(os.Stderr, "build:", err)
 		os.Exit(1)
 	}

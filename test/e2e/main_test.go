@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stratumjoin/stratum/internal/testbin"
 )
 
 var binDir string
@@ -24,15 +26,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	root, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "go env GOMOD:", err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/stratum-listener", "./cmd/stratum-agent")
-	build.Dir = filepath.Dir(strings.TrimSpace(string(root)))
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
+	if err := testbin.Build(dir, nil, "./cmd/stratum-listener", "./cmd/stratum-agent"); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
 		os.Exit(1)
 	}

@@ -11,9 +11,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/stratumjoin/stratum/internal/testbin"
 )
 
 // binDir holds the stratum-listener and stratum-agent built for this run.
@@ -53,14 +53,5 @@ func preconditions() error {
 
 // build compiles both binaries into dir from this module's source.
 func build(dir string) error {
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return fmt.Errorf("go env GOMOD: %w", err)
-	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/stratum-listener", "./cmd/stratum-agent")
-	cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build the binaries: %w\n%s", err, out)
-	}
-	return nil
+	return testbin.Build(dir, nil, "./cmd/stratum-listener", "./cmd/stratum-agent")
 }

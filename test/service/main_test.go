@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stratumjoin/stratum/internal/testbin"
 )
 
 var binDir string
@@ -38,17 +40,7 @@ func TestMain(m *testing.M) {
 
 // build runs go build in the module root, writing into dir.
 func build(dir string, flags []string, pkgs ...string) error {
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return fmt.Errorf("go env GOMOD: %w", err)
-	}
-	args := append(append([]string{"build", "-o", dir + "/"}, flags...), pkgs...)
-	cmd := exec.Command("go", args...)
-	cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
+	return testbin.Build(dir, flags, pkgs...)
 }
 
 func bin(name string) string { return filepath.Join(binDir, name) }

@@ -1,0 +1,26 @@
+// Package testbin builds this module's commands for the tests that run the
+// real binaries (test/e2e, test/netns, test/service, bench).
+package testbin
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// Build runs `go build flags... pkgs...` in the module root, writing the
+// binaries into dir.
+func Build(dir string, flags []string, pkgs ...string) error {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	args := append(append([]string{"build", "-o", dir + "/"}, flags...), pkgs...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
