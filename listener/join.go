@@ -250,7 +250,9 @@ func (l *Listener) beginAttempt(ctx context.Context, locator string) (cluster.At
 			return att, err
 		}
 		woken := l.leaseQueue.wait(att.Secret.ID)
-		t := time.NewTimer(time.Duration(200+rand.IntN(300)) * time.Millisecond)
+		// the timer only covers leases that end on another listener or
+		// expire; with thousands waiting, a short one would be a busy loop
+		t := time.NewTimer(time.Duration(2000+rand.IntN(3000)) * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()

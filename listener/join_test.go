@@ -466,3 +466,37 @@ func TestBadCSRRefused(t *testing.T) {
 		t.Fatalf("the code no longer joins after a bad CSR: %v", err)
 	}
 }
+
+func TestMaxConnectionsRefusesBeyondTheBound(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxConnections: 1}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	ctx := context.Background()
+	held, err := dialJoin(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := held.OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str.Write([]byte{0}) // the listener accepts the stream and waits for a Hello
+	deadline := time.Now().Add(5 * time.Second)
+	var joinErr error
+	for time.Now().Before(deadline) {
+		_, joinErr = agent.Join(ctx, agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: time.Second})
+		var unreachable *agent.UnreachableError
+		if errors.As(joinErr, &unreachable) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var unreachable *agent.UnreachableError
+	if !errors.As(joinErr, &unreachable) {
+		t.Fatalf("a connection past the bound: %v, want it refused", joinErr)
+	}
+	held.CloseWithError(0, "")
+	time.Sleep(100 * time.Millisecond)
+	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+		t.Fatalf("join once the held connection is gone: %v", err)
+	}
+}

@@ -6,12 +6,14 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -47,6 +49,10 @@ type Config struct {
 	// above which the listener makes a source prove its address with a
 	// QUIC Retry. 0 means 20.
 	RetryAbove float64
+	// MaxConnections bounds the connections served at once (default
+	// 2048); past it new ones are refused and agents back off and retry,
+	// so the listener's memory stays bounded under a herd.
+	MaxConnections int
 	// Ready is called once the store is open and the sockets listen.
 	Ready func(addr net.Addr)
 	// Hooks observe the protocol in tests.
@@ -95,6 +101,7 @@ type Listener struct {
 
 	limiters   sourceLimiters
 	leaseQueue leaseQueue
+	active     atomic.Int64 // connections being served
 
 	addr net.Addr
 
@@ -113,6 +120,9 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	if cfg.RetryAbove == 0 {
 		cfg.RetryAbove = 20
+	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = 2048
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -259,6 +269,9 @@ func (l *Listener) Run(ctx context.Context) error {
 		TokenGeneratorKey:   &tokenKey,
 		VerifySourceAddress: l.limiters.overRate,
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+			if l.active.Load() >= int64(l.cfg.MaxConnections) {
+				return nil, errTooManyConnections
+			}
 			if h := l.cfg.Hooks.Accept; h != nil {
 				h(ci.AddrVerified)
 			}
@@ -346,7 +359,11 @@ const (
 	errCodeShutdown quic.ApplicationErrorCode = 0x105
 )
 
+var errTooManyConnections = errors.New("too many connections")
+
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
+	l.active.Add(1)
+	defer l.active.Add(-1)
 	cs := conn.ConnectionState()
 	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(errCodeShutdown, "listener shutting down") })
 	defer stop()
