@@ -361,6 +361,11 @@ const (
 
 var errTooManyConnections = errors.New("too many connections")
 
+// resultGrace is how long the listener keeps a connection open after its
+// last frame for the agent to read it and close: closing first would drop
+// unacknowledged stream data, and a busy agent can be slow.
+const resultGrace = 30 * time.Second
+
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	l.active.Add(1)
 	defer l.active.Add(-1)
@@ -390,7 +395,7 @@ func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 		if code == errCodeDone {
 			select {
 			case <-conn.Context().Done():
-			case <-time.After(5 * time.Second):
+			case <-time.After(resultGrace):
 			}
 		}
 		conn.CloseWithError(code, "")
@@ -400,7 +405,7 @@ func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 		if code == errCodeDone {
 			select {
 			case <-conn.Context().Done():
-			case <-time.After(5 * time.Second):
+			case <-time.After(resultGrace):
 			}
 		}
 		conn.CloseWithError(code, "")

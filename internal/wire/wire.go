@@ -139,7 +139,9 @@ func ReadFrame(r io.Reader) (byte, []byte, error) {
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, fmt.Errorf("%w: truncated: %w", ErrFrame, err)
+		// the connection ended mid-frame: a transport failure, not a
+		// malformed message, so a caller may retry
+		return 0, nil, fmt.Errorf("frame cut short: %w", err)
 	}
 	return buf[0], buf[1:], nil
 }
