@@ -29,6 +29,18 @@ func dmiPath(root, file string) string {
 	return filepath.Join(root, "sys", "class", "dmi", "id", file)
 }
 
+// allDMISources is what a machine reporting every DMI fact gives as sources.
+func allDMISources(root string) map[string]string {
+	return map[string]string{
+		FactProductUUID: dmiPath(root, "product_uuid") + " (ghw)",
+		FactSerial:      dmiPath(root, "product_serial") + " (ghw)",
+		FactBoardSerial: dmiPath(root, "board_serial") + " (ghw)",
+		FactVendor:      dmiPath(root, "sys_vendor") + " (ghw)",
+		FactProductName: dmiPath(root, "product_name") + " (ghw)",
+		FactHostname:    "Config.Hostname",
+	}
+}
+
 func TestCollectMachines(t *testing.T) {
 	h := newTestNetns(t)
 	tests := []struct {
@@ -49,16 +61,7 @@ func TestCollectMachines(t *testing.T) {
 				ProductName: "DGXH100",
 				Hostname:    testHostname,
 			},
-			sources: func(root string) map[string]string {
-				return map[string]string{
-					FactProductUUID: dmiPath(root, "product_uuid") + " (ghw)",
-					FactSerial:      dmiPath(root, "product_serial") + " (ghw)",
-					FactBoardSerial: dmiPath(root, "board_serial") + " (ghw)",
-					FactVendor:      dmiPath(root, "sys_vendor") + " (ghw)",
-					FactProductName: dmiPath(root, "product_name") + " (ghw)",
-					FactHostname:    "Config.Hostname",
-				}
-			},
+			sources:  allDMISources,
 			dmiNotes: func(string) []string { return nil },
 		},
 		{
@@ -71,16 +74,7 @@ func TestCollectMachines(t *testing.T) {
 				ProductName: "SYS-821GE-TNHR",
 				Hostname:    testHostname,
 			},
-			sources: func(root string) map[string]string {
-				return map[string]string{
-					FactProductUUID: dmiPath(root, "product_uuid") + " (ghw)",
-					FactSerial:      dmiPath(root, "product_serial") + " (ghw)",
-					FactBoardSerial: dmiPath(root, "board_serial") + " (ghw)",
-					FactVendor:      dmiPath(root, "sys_vendor") + " (ghw)",
-					FactProductName: dmiPath(root, "product_name") + " (ghw)",
-					FactHostname:    "Config.Hostname",
-				}
-			},
+			sources:  allDMISources,
 			dmiNotes: func(string) []string { return nil },
 		},
 		{
@@ -93,16 +87,7 @@ func TestCollectMachines(t *testing.T) {
 				ProductName: "PowerEdge R760",
 				Hostname:    testHostname,
 			},
-			sources: func(root string) map[string]string {
-				return map[string]string{
-					FactProductUUID: dmiPath(root, "product_uuid") + " (ghw)",
-					FactSerial:      dmiPath(root, "product_serial") + " (ghw)",
-					FactBoardSerial: dmiPath(root, "board_serial") + " (ghw)",
-					FactVendor:      dmiPath(root, "sys_vendor") + " (ghw)",
-					FactProductName: dmiPath(root, "product_name") + " (ghw)",
-					FactHostname:    "Config.Hostname",
-				}
-			},
+			sources:  allDMISources,
 			dmiNotes: func(string) []string { return nil },
 		},
 		{
