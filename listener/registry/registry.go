@@ -227,17 +227,22 @@ var (
 func (r *Registry) validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	// define checks an id and records it, once per kind
+	define := func(kind string, set map[string]bool, i int, id string, re *regexp.Regexp) {
+		switch {
+		case !re.MatchString(id):
+			bad("%s[%d].id %q must match %s", kind, i, id, re)
+		case set[id]:
+			bad("%s[%d].id %q is defined twice", kind, i, id)
+		}
+		set[id] = true
+	}
 	tenants := map[string]bool{}
 	for i, t := range r.Tenants {
-		switch {
-		case !tenantRE.MatchString(t.ID):
-			bad("tenants[%d].id %q must match %s", i, t.ID, tenantRE)
-		case t.ID == PlatformOwner:
+		if t.ID == PlatformOwner {
 			bad("tenants[%d].id %q is reserved for the platform", i, t.ID)
-		case tenants[t.ID]:
-			bad("tenants[%d].id %q is defined twice", i, t.ID)
 		}
-		tenants[t.ID] = true
+		define("tenants", tenants, i, t.ID, tenantRE)
 		l := &r.Tenants[i].Limits
 		if l.JoinKeys < 0 || l.RequestsPerSecond < 0 || l.Burst < 0 {
 			bad("tenants[%d].limits must not be negative", i)
@@ -254,26 +259,14 @@ func (r *Registry) validate() error {
 	}
 	sites := map[string]bool{}
 	for i, s := range r.Sites {
-		switch {
-		case !idRE.MatchString(s.ID):
-			bad("sites[%d].id %q must match %s", i, s.ID, idRE)
-		case sites[s.ID]:
-			bad("sites[%d].id %q is defined twice", i, s.ID)
-		}
-		sites[s.ID] = true
+		define("sites", sites, i, s.ID, idRE)
 		if s.Owner != PlatformOwner && !tenants[s.Owner] {
 			bad("sites[%d].owner %q is neither %q nor a tenant", i, s.Owner, PlatformOwner)
 		}
 	}
 	pools := map[string]bool{}
 	for i, p := range r.Pools {
-		switch {
-		case !poolRE.MatchString(p.ID):
-			bad("pools[%d].id %q must match %s", i, p.ID, poolRE)
-		case pools[p.ID]:
-			bad("pools[%d].id %q is defined twice", i, p.ID)
-		}
-		pools[p.ID] = true
+		define("pools", pools, i, p.ID, poolRE)
 		if !tenants[p.Tenant] {
 			bad("pools[%d].tenant %q is not a tenant", i, p.Tenant)
 		}
@@ -286,13 +279,7 @@ func (r *Registry) validate() error {
 	}
 	networks := map[string]bool{}
 	for i, n := range r.Networks {
-		switch {
-		case !idRE.MatchString(n.ID):
-			bad("networks[%d].id %q must match %s", i, n.ID, idRE)
-		case networks[n.ID]:
-			bad("networks[%d].id %q is defined twice", i, n.ID)
-		}
-		networks[n.ID] = true
+		define("networks", networks, i, n.ID, idRE)
 		if !tenants[n.Tenant] {
 			bad("networks[%d].tenant %q is not a tenant", i, n.Tenant)
 		}
