@@ -48,7 +48,7 @@ type proc struct {
 	endpoint string
 }
 
-func startListener(b *testing.B, light bool) *proc {
+func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 	b.Helper()
 	sockDir, _ := os.MkdirTemp("/tmp", "sjb")
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
@@ -61,6 +61,7 @@ func startListener(b *testing.B, light bool) *proc {
 		b.Fatalf("init: %v %s", err, out)
 	}
 	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "warn")
+	p.cmd.Args = append(p.cmd.Args, serveArgs...)
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {
 		b.Fatal(err)

@@ -167,6 +167,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.StoreURL, "store", "", "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "connections served at once; agents beyond it back off and retry")
+	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
 	return cmd
