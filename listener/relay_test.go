@@ -62,8 +62,7 @@ func startRelay(t *testing.T, upstream string) (addr string, forwarded *atomic.I
 				}
 				done := make(chan struct{}, 2)
 				cp := func(dst io.Writer, src io.Reader) {
-					n, _ := io.Copy(dst, src)
-					forwarded.Add(n)
+					io.Copy(countingWriter{dst, forwarded}, src)
 					done <- struct{}{}
 				}
 				go cp(us, ds)
@@ -108,4 +107,17 @@ func TestRelayFailsOnBothSides(t *testing.T) {
 	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
 		t.Fatalf("direct join after the relay: %v", err)
 	}
+}
+
+// countingWriter counts bytes as they pass, so the test can check the
+// relay really carried the exchange before either side finished.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
