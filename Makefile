@@ -38,13 +38,12 @@ herd:
 	STRATUM_HERD=10000 $(GO) test -run '^$$' -bench Herd -benchtime 1x -timeout 60m ./bench/
 
 FUZZTIME ?= 30s
+# every fuzz target in the module, each for FUZZTIME
 fuzz:
-	@set -e; for spec in \
-	  ./internal/wire:FuzzDecode \
-	  ./internal/joincode:FuzzParse \
-	  ./pki:FuzzParseFingerprint ./pki:FuzzParseCertsPEM ./pki:FuzzIssueNodeCSR; do \
-	  pkg=$${spec%%:*}; fn=$${spec##*:}; \
-	  echo "fuzz $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg; \
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for fn in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
 	done
 
 lint:
