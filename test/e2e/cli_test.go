@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stratumjoin/stratum/internal/joincode"
 )
@@ -74,4 +77,43 @@ func moduleRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// TestEventsFollow: `events --follow` prints events as they happen.
+func TestEventsFollow(t *testing.T) {
+	l := newListener(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "stratum-listener"), "events", "--follow", "--json")
+	cmd.Env = append(os.Environ(), "STRATUM_ADMIN_SOCKET="+l.sock)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	for i := range 2 {
+		var c mintedCode
+		l.adminJSON(&c, "codes", "create", "--pool", fmt.Sprint("follow-", i))
+		select {
+		case line := <-lines:
+			if !strings.Contains(line, `"security.join-code.created"`) || !strings.Contains(line, c.ID) {
+				t.Fatalf("event %d: %s", i, line)
+			}
+			if strings.Contains(line, c.Code) {
+				t.Fatal("the code reached the event stream")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no event %d within 10s", i)
+		}
+	}
 }
