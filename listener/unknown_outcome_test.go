@@ -1,0 +1,55 @@
+package listener_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/store/boltstore"
+	"github.com/stratumjoin/stratum/listener"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/listenertest"
+)
+
+// lostAnswers wraps a real store: while armed, each transaction commits
+// and then reports an error, as a timed-out write to etcd does.
+type lostAnswers struct {
+	store.Store
+	armed atomic.Bool
+}
+
+func (s *lostAnswers) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool, error) {
+	ok, err := s.Store.Txn(ctx, cmps, ops)
+	if err == nil && s.armed.Load() {
+		return ok, errors.New("context deadline exceeded (the write may have happened)")
+	}
+	return ok, err
+}
+
+// TestUnknownWriteOutcomeSpendsTheAttempt: when the store cannot say
+// whether the count was written, the listener answers nothing, and the
+// attempt stays spent.
+func TestUnknownWriteOutcomeSpendsTheAttempt(t *testing.T) {
+	bolt, err := boltstore.Open(filepath.Join(t.TempDir(), "state.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	s := &lostAnswers{Store: bolt}
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Store: s}})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+
+	s.armed.Store(true)
+	out, err := rawJoin{Secret: sec, StopAfterChallenge: true}.run(context.Background(), l.Endpoint)
+	s.armed.Store(false)
+	if err == nil {
+		t.Fatalf("the listener answered a Challenge (%d bytes) though it could not confirm the count", out.ChallengeSize)
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.FailedAttempts != 1 {
+		t.Fatalf("failedAttempts %d after a count of unknown outcome, want 1", c.FailedAttempts)
+	}
+}
