@@ -30,18 +30,20 @@ const (
 
 // Identity is node.json: what the agent knows about itself.
 type Identity struct {
-	NodeID        string     `json:"nodeId"`
-	Role          string     `json:"role"`
-	Trust         string     `json:"trust"`
-	Endpoint      string     `json:"endpoint"`
-	TrustDomain   string     `json:"trustDomain"`
-	CAFingerprint string     `json:"caFingerprint"`
-	NotAfter      time.Time  `json:"notAfter"`
-	RenewAfter    time.Time  `json:"renewAfter"`
-	JoinedAt      time.Time  `json:"joinedAt"`
-	LastRenewal   *time.Time `json:"lastRenewal,omitempty"`
-	LastError     string     `json:"lastError,omitempty"`
-	Host          *wire.Host `json:"host,omitempty"`
+	NodeID        string    `json:"nodeId"`
+	Role          string    `json:"role"`
+	Trust         string    `json:"trust"`
+	Endpoint      string    `json:"endpoint"`
+	TrustDomain   string    `json:"trustDomain"`
+	CAFingerprint string    `json:"caFingerprint"`
+	NotAfter      time.Time `json:"notAfter"`
+	RenewAfter    time.Time `json:"renewAfter"`
+	JoinedAt      time.Time `json:"joinedAt"`
+	// LastRenewal and LastError are always written (null, ""), so
+	// `status --json` readers need not test for missing keys.
+	LastRenewal *time.Time `json:"lastRenewal"`
+	LastError   string     `json:"lastError"`
+	Host        *wire.Host `json:"host,omitempty"`
 }
 
 // State is the agent's state directory (0700).

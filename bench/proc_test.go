@@ -26,19 +26,7 @@ func TestMain(m *testing.M) {
 	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
 		os.Exit(m.Run()) // no benchmark selected: nothing to build
 	}
-	dir, err := os.MkdirTemp("", "stratum-bench-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := testbin.Build(dir, nil, "./cmd/stratum-listener"); err != nil {
-		fmt.Fprintln(os.Stderr, "build:", err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testbin.Run(m, &binDir, "./cmd/stratum-listener"))
 }
 
 type proc struct {

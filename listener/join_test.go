@@ -32,15 +32,7 @@ import (
 
 func mint(t testing.TB, l *listenertest.Listener, req adminapi.MintCodeRequest) (joincode.Secret, adminapi.Code) {
 	t.Helper()
-	c, err := l.Admin.MintCode(context.Background(), req)
-	if err != nil {
-		t.Fatalf("mint: %v", err)
-	}
-	sec, err := joincode.Parse(c.Code)
-	if err != nil {
-		t.Fatalf("minted code does not parse: %v", err)
-	}
-	return sec, c
+	return l.MintCode(t, req)
 }
 
 func join(t testing.TB, l *listenertest.Listener, sec joincode.Secret, facts wire.Facts) (*agent.Joined, string, error) {

@@ -209,9 +209,16 @@ func explain(err error) error {
 	return err
 }
 
+// printJSON is every --json output: indented, one value.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func printJoined(w io.Writer, stateDir string, id agent.Identity) error {
 	if jsonOut {
-		return json.NewEncoder(w).Encode(id)
+		return printJSON(w, id)
 	}
 	fmt.Fprintf(w, "joined as %s (role %s, trust %s)\n", id.NodeID, id.Role, id.Trust)
 	fmt.Fprintf(w, "pinned CA  %s\n", id.CAFingerprint)
@@ -232,9 +239,7 @@ func hwidCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return printJSON(cmd.OutOrStdout(), rep)
 			}
 			return rep.WriteText(cmd.OutOrStdout())
 		},
@@ -256,15 +261,13 @@ func statusCommand() *cobra.Command {
 			}
 			if !ok {
 				if jsonOut {
-					return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"joined": false})
+					return printJSON(cmd.OutOrStdout(), map[string]any{"joined": false})
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "not joined (no identity in %s)\n", stateDir)
 				return &exitError{1, errors.New("not joined")}
 			}
 			if jsonOut {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(newStatusView(id))
+				return printJSON(cmd.OutOrStdout(), statusView{Joined: true, Identity: id})
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "node         %s\nrole         %s\ntrust        %s\nendpoint     %s\npinned CA    %s\ncert expires %s\n", id.NodeID, id.Role, id.Trust, id.Endpoint, id.CAFingerprint, id.NotAfter.Format(time.RFC3339))
@@ -283,30 +286,10 @@ func statusCommand() *cobra.Command {
 	return cmd
 }
 
-// statusView is `status --json`: every field is always present (null or
-// "" when unknown), so scripts need not test for missing keys.
+// statusView is `status --json`: the identity, with whether there is one.
 type statusView struct {
-	Joined        bool       `json:"joined"`
-	NodeID        string     `json:"nodeId"`
-	Role          string     `json:"role"`
-	Trust         string     `json:"trust"`
-	Endpoint      string     `json:"endpoint"`
-	TrustDomain   string     `json:"trustDomain"`
-	CAFingerprint string     `json:"caFingerprint"`
-	NotAfter      time.Time  `json:"notAfter"`
-	RenewAfter    time.Time  `json:"renewAfter"`
-	JoinedAt      time.Time  `json:"joinedAt"`
-	LastRenewal   *time.Time `json:"lastRenewal"`
-	LastError     string     `json:"lastError"`
-	Host          *wire.Host `json:"host,omitempty"`
-}
-
-func newStatusView(id agent.Identity) statusView {
-	return statusView{
-		Joined: true, NodeID: id.NodeID, Role: id.Role, Trust: id.Trust, Endpoint: id.Endpoint, TrustDomain: id.TrustDomain,
-		CAFingerprint: id.CAFingerprint, NotAfter: id.NotAfter, RenewAfter: id.RenewAfter, JoinedAt: id.JoinedAt,
-		LastRenewal: id.LastRenewal, LastError: id.LastError, Host: id.Host,
-	}
+	Joined bool `json:"joined"`
+	agent.Identity
 }
 
 func runCommand() *cobra.Command {

@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
 	"github.com/stratumjoin/stratum/listener"
+	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 )
 
@@ -118,4 +120,19 @@ func shortTempDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { removeAll(dir) })
 	return dir
+}
+
+// MintCode mints a join code through the admin socket, as the CLI does,
+// and returns it parsed with its record.
+func (l *Listener) MintCode(t testing.TB, req adminapi.MintCodeRequest) (joincode.Secret, adminapi.Code) {
+	t.Helper()
+	c, err := l.Admin.MintCode(context.Background(), req)
+	if err != nil {
+		t.Fatalf("mint: %v", err)
+	}
+	sec, err := joincode.Parse(c.Code)
+	if err != nil {
+		t.Fatalf("minted code does not parse: %v", err)
+	}
+	return sec, c
 }

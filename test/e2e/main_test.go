@@ -21,19 +21,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stratum-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := testbin.Build(dir, nil, "./cmd/stratum-listener", "./cmd/stratum-agent"); err != nil {
-		fmt.Fprintln(os.Stderr, "build binaries:", err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testbin.Run(m, &binDir, "./cmd/stratum-listener", "./cmd/stratum-agent"))
 }
 
 // listenerProc is a `stratum-listener serve` process.

@@ -24,20 +24,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "test/netns:", err)
 		os.Exit(1)
 	}
-	dir, err := os.MkdirTemp("", "stratum-netns-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := build(dir); err != nil {
-		os.RemoveAll(dir)
-		fmt.Fprintln(os.Stderr, "test/netns:", err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testbin.Run(m, &binDir, "./cmd/stratum-listener", "./cmd/stratum-agent"))
 }
 
 // preconditions says what is missing to make network namespaces.
@@ -49,9 +36,4 @@ func preconditions() error {
 		return fmt.Errorf("iproute2's `ip` is needed to create network namespaces: %w", err)
 	}
 	return nil
-}
-
-// build compiles both binaries into dir from this module's source.
-func build(dir string) error {
-	return testbin.Build(dir, nil, "./cmd/stratum-listener", "./cmd/stratum-agent")
 }

@@ -2,11 +2,11 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -63,11 +63,13 @@ func agentJoin(t *testing.T, endpoint, code string) string {
 	if err != nil {
 		t.Fatalf("join %s: %v\n%s", endpoint, err, out)
 	}
-	_, after, ok := strings.Cut(string(out), `"nodeId":"`)
-	if !ok {
-		t.Fatalf("join output %s", out)
+	var id struct {
+		NodeID string `json:"nodeId"`
 	}
-	return after[:strings.IndexByte(after, '"')]
+	if err := json.Unmarshal(out, &id); err != nil || id.NodeID == "" {
+		t.Fatalf("join output %s (%v)", out, err)
+	}
+	return id.NodeID
 }
 
 // TestListenerSocketActivation: `stratum-listener serve` takes its UDP

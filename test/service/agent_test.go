@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/testbin"
+
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/listener"
@@ -222,7 +224,7 @@ func TestAgentIdleFootprint(t *testing.T) {
 	}
 
 	stripped := t.TempDir()
-	if err := build(stripped, []string{"-ldflags=-s -w"}, "./cmd/stratum-agent"); err != nil {
+	if err := testbin.Build(stripped, []string{"-ldflags=-s -w"}, "./cmd/stratum-agent"); err != nil {
 		t.Fatal(err)
 	}
 	for _, b := range []struct{ what, path string }{{"go build", bin("stratum-agent")}, {"go build -ldflags='-s -w'", filepath.Join(stripped, "stratum-agent")}} {

@@ -23,24 +23,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stratum-service-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := build(dir, nil, "./cmd/stratum-agent", "./cmd/stratum-listener"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// build runs go build in the module root, writing into dir.
-func build(dir string, flags []string, pkgs ...string) error {
-	return testbin.Build(dir, flags, pkgs...)
+	os.Exit(testbin.Run(m, &binDir, "./cmd/stratum-agent", "./cmd/stratum-listener"))
 }
 
 func bin(name string) string { return filepath.Join(binDir, name) }
