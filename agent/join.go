@@ -62,10 +62,14 @@ var (
 	ErrNotAuthentic = errors.New("the listener is not authentic: its certificate does not chain to the CA the code was minted under")
 )
 
-// RefusedError is a refusal the listener named after a proven PAKE.
+// RefusedError is a refusal the listener named: after a proven PAKE, or
+// JOIN_UNAVAILABLE in place of a Challenge.
 type RefusedError struct {
 	Code    string
 	Message string
+	// RetryAfter is how long the listener asked to wait before trying
+	// again (retryable refusals only; 0 when it named none).
+	RetryAfter time.Duration
 }
 
 func (e *RefusedError) Error() string { return e.Message + " (" + e.Code + ")" }
@@ -173,6 +177,31 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	return j, nil
 }
 
+// readChallenge reads the Challenge, or the JOIN_UNAVAILABLE refusal a
+// listener sends in its place when it cannot reach its store. Nothing
+// else may come before the PAKE: the peer is not authenticated yet, so its
+// words are quoted, never taken as the agent's own.
+func readChallenge(str io.Reader, ch *wire.Challenge) error {
+	typ, body, err := wire.ReadFrame(str)
+	if err != nil {
+		if errors.Is(err, wire.ErrFrame) {
+			return fmt.Errorf("listener sent a malformed challenge: %w", err)
+		}
+		return &UnreachableError{err}
+	}
+	if typ == wire.TypeResult {
+		var res wire.Result
+		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused || res.Code != wire.CodeUnavailable {
+			return fmt.Errorf("listener sent a result in place of its challenge: %w", wire.ErrFrame)
+		}
+		return &RefusedError{Code: res.Code, Message: fmt.Sprintf("the listener cannot reach its store (it says %q)", res.Message), RetryAfter: time.Duration(res.RetryAfter) * time.Second}
+	}
+	if err := wire.Decode(typ, body, ch); err != nil {
+		return fmt.Errorf("listener sent a malformed challenge: %w", err)
+	}
+	return nil
+}
+
 // exchange is the join protocol over one stream; QUIC is only its carrier.
 func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
 	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password())
@@ -183,11 +212,8 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		return nil, &UnreachableError{err}
 	}
 	var ch wire.Challenge
-	if err := wire.Read(str, &ch); err != nil {
-		if errors.Is(err, wire.ErrFrame) {
-			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
-		}
-		return nil, &UnreachableError{err}
+	if err := readChallenge(str, &ch); err != nil {
+		return nil, err
 	}
 	caChain, err := parseCerts(ch.CAChain)
 	if err != nil {
@@ -237,7 +263,7 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			}
 			continue
 		case wire.StatusRefused:
-			return nil, &RefusedError{Code: res.Code, Message: res.Message}
+			return nil, &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
 		}
 		return accept(&res, root, trustDomain, key, cfg)
 	}

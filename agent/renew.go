@@ -107,7 +107,7 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		return id, &UnreachableError{err}
 	}
 	if res.Status != wire.StatusJoined {
-		return id, &RefusedError{Code: res.Code, Message: res.Message}
+		return id, &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
 	}
 	newChain, err := parseCerts(res.CertChain)
 	if err != nil {

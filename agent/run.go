@@ -254,6 +254,10 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 // retry reports a transient failure and waits before the next attempt.
 func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause error) error {
 	wait := Backoff(attempt, c.BackoffBase, c.BackoffMax, c.Rand())
+	var r *RefusedError
+	if errors.As(cause, &r) && r.RetryAfter > wait {
+		wait = r.RetryAfter // the listener knows when its store may be back
+	}
 	c.Logger.Warn(what+" failed, retrying", "err", cause, "in", wait, "attempt", attempt+1)
 	_ = c.Notifier.Status(fmt.Sprintf("%s failed, retrying in %s: %v", what, wait.Round(time.Millisecond), cause))
 	if c.OnRetry != nil {

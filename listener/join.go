@@ -16,6 +16,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
@@ -51,10 +52,15 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	// Unknown and inactive locators cost one durable write too (see
 	// cluster.standIn), so the Challenge's timing does not tell them apart.
 	att, err := l.beginAttempt(ctx, hello.Locator)
-	if err != nil {
-		// the count's outcome is unknown: it counts as spent, and nothing
-		// is answered
+	if errors.Is(err, cluster.ErrBusy) {
 		return errCodeInternal, fmt.Errorf("count attempt: %w", err)
+	}
+	if err != nil {
+		// The count's outcome is unknown: it counts as spent (a refund
+		// may give it back), and no Challenge leaves. The agent is told
+		// the store failed, which says nothing about the code.
+		l.logger.Warn("count attempt", "err", err)
+		return errCodeDone, errors.Join(fmt.Errorf("count attempt: %w", err), wire.Write(str, l.unavailable(err)))
 	}
 
 	l.mu.RLock()
@@ -141,8 +147,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 			return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 		}
 		if err != nil {
-			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the join; try again"})
-			return errCodeInternal, err
+			l.logger.Warn("record join", "err", err)
+			return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
 		}
 		if out.Status != wire.StatusPending {
 			return errCodeDone, wire.Write(str, l.result(out))
@@ -158,8 +164,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		}
 		req.Attempt.Counted = false
 		if err := l.waitDecision(waitCtx, out.Join.ID, deadline); errors.Is(err, errStoreWait) {
-			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener cannot reach its store; the join stays pending, try again"})
-			return errCodeDone, err
+			l.logger.Warn("wait for approval", "joinId", out.Join.ID, "err", err)
+			return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
 		} else if err != nil {
 			return errCodeDone, err
 		}
@@ -167,6 +173,23 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 }
 
 var errStoreWait = errors.New("read the pending join")
+
+// unavailable is the retryable refusal an agent reads when a store call
+// failed; its message names the failure, and never the code.
+func (l *Listener) unavailable(err error) *wire.Result {
+	msg := "the listener cannot reach its store; try again"
+	switch {
+	case errors.Is(err, store.ErrNoSpace):
+		msg = "the listener's store is out of disk space; try again once an operator has made room"
+	case errors.Is(err, store.ErrCorrupt):
+		msg = "the listener's store is damaged; an operator must restore it from a backup"
+	}
+	retry := int64(l.cfg.StoreTimeout.Seconds() + 0.999)
+	if retry < 1 {
+		retry = 1
+	}
+	return &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: msg, RetryAfter: retry}
+}
 
 // waitDecision polls a pending join until it is decided.
 func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline time.Time) error {

@@ -66,7 +66,15 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// StoreTimeout bounds every store call of a join, a renewal and an
+	// admin request (default 5 s): past it the agent reads
+	// JOIN_UNAVAILABLE and the admin API answers 503, instead of waiting
+	// on an etcd cluster that lost its quorum.
+	StoreTimeout time.Duration
 }
+
+// DefaultStoreTimeout is Config.StoreTimeout's default.
+const DefaultStoreTimeout = 5 * time.Second
 
 // Hooks are test observation points; all optional.
 type Hooks struct {
@@ -125,6 +133,9 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = 2048
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
+	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -157,6 +168,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		}
 		l.ownStore = true
 	}
+	l.store = store.WithDeadline(l.store, cfg.StoreTimeout)
 	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
 	if err := l.cluster.CheckSchema(ctx); err != nil {
 		if l.ownStore {
@@ -511,3 +523,6 @@ func (s *sourceLimiters) sweep(ctx context.Context) {
 		}
 	}
 }
+
+// StoreTimeout is the deadline of each store call.
+func (l *Listener) StoreTimeout() time.Duration { return l.cfg.StoreTimeout }

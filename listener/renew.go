@@ -69,8 +69,8 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(req.CSR)})
 	if err != nil {
-		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the renewal; try again"})
-		return errCodeInternal, err
+		l.logger.Warn("record renewal", "nodeId", nodeID, "err", err)
+		return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
 	}
 	return errCodeDone, wire.Write(str, l.result(out))
 }

@@ -200,7 +200,7 @@ func explain(err error) error {
 		return &exitError{1, err}
 	case errors.As(err, &refused):
 		if refused.Retryable() {
-			return &exitError{3, fmt.Errorf("the listener is busy: %s", refused.Message)}
+			return &exitError{3, fmt.Errorf("%s; try again later", refused.Message)}
 		}
 		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
 	case errors.As(err, &unreachable):

@@ -37,6 +37,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
+	root.PersistentFlags().DurationVar(&adminTimeout, "timeout", 30*time.Second, "how long an admin command waits for the listener's answer")
 	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
 	return root
 }
@@ -56,7 +57,12 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func client() *adminclient.Client { return adminclient.New(adminclient.SocketFromEnv()) }
+// adminTimeout bounds each admin request (--timeout).
+var adminTimeout time.Duration
+
+func client() *adminclient.Client {
+	return adminclient.New(adminclient.SocketFromEnv()).WithTimeout(adminTimeout)
+}
 
 func initCommand() *cobra.Command {
 	var cfg listener.InitConfig
@@ -169,6 +175,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "connections served at once; agents beyond it back off and retry")
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
+	cmd.Flags().DurationVar(&cfg.StoreTimeout, "store-timeout", listener.DefaultStoreTimeout, "deadline of each store call: past it agents are told JOIN_UNAVAILABLE and the admin API answers 503")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
 	return cmd
 }

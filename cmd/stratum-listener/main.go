@@ -20,12 +20,19 @@ func main() {
 	err := rootCommand().ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "stratum-listener:", err)
 		var u usageError
+		var p *adminclient.ProblemError
+		switch {
+		case errors.As(err, &p) && p.Transient():
+			// the listener answered, its store did not: say so, not "503"
+			fmt.Fprintf(os.Stderr, "stratum-listener: %s (%s); nothing was changed, try again\n", p.Detail, p.Code)
+			os.Exit(3)
+		}
+		fmt.Fprintln(os.Stderr, "stratum-listener:", err)
 		switch {
 		case errors.As(err, &u):
 			os.Exit(2)
-		case errors.Is(err, adminclient.ErrUnreachable):
+		case errors.Is(err, adminclient.ErrUnreachable), errors.Is(err, adminclient.ErrTimeout):
 			os.Exit(3)
 		}
 		os.Exit(1)

@@ -109,7 +109,12 @@ const (
 	CodeNodeUnknown      = "NODE_UNKNOWN"
 	CodeCertInvalid      = "NODE_CERT_INVALID"
 	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
-	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
+	// CodeUnavailable: the listener cannot reach its store (no answer
+	// within its deadline, a full disk, a damaged file). It is the one
+	// refusal a listener sends before the PAKE, in place of a Challenge,
+	// since it says nothing about the code; it is retryable, after
+	// Result.RetryAfter seconds.
+	CodeUnavailable = "JOIN_UNAVAILABLE"
 )
 
 // Retryable reports whether a refusal code is transient.
@@ -138,6 +143,9 @@ type Result struct {
 	Trust      string   `cbor:"9,keyasint,omitempty"`
 	RenewAfter int64    `cbor:"10,keyasint,omitempty"` // unix seconds
 	Host       *Host    `cbor:"11,keyasint,omitempty"`
+	// RetryAfter is how many seconds to wait before trying again after a
+	// retryable refusal.
+	RetryAfter int64 `cbor:"13,keyasint,omitempty"`
 }
 
 func (*Result) Type() byte { return TypeResult }
@@ -145,6 +153,9 @@ func (*Result) Type() byte { return TypeResult }
 func (m *Result) Check() error {
 	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 {
 		return errors.New("oversized field")
+	}
+	if m.RetryAfter < 0 || m.RetryAfter > 3600 {
+		return fmt.Errorf("retryAfter %d outside 0..3600 seconds", m.RetryAfter)
 	}
 	switch m.Status {
 	case StatusJoined:

@@ -6,6 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
 )
 
 // kind is what went wrong, independent of any facade; Server.fail maps it
@@ -24,6 +28,7 @@ const (
 	kindDuplicate   // seed 003: a unique value is taken
 	kindLimit       // a count limit is reached
 	kindRateLimited // seed 003: the organization's request rate
+	kindUnavailable // the store did not answer in time, is full or damaged
 )
 
 // apiError is a failure with a message that is safe to show. cause, for
@@ -101,6 +106,7 @@ const (
 	CodeInternal       = "INTERNAL"
 	CodeMethod         = "METHOD_NOT_ALLOWED"
 	CodeTooMany        = "TOO_MANY_REQUESTS"
+	CodeUnavailable    = "UNAVAILABLE"
 	problemTypeBase    = "https://stratum.dev/problems/"
 	problemContentType = "application/problem+json"
 )
@@ -124,6 +130,7 @@ const (
 	TokenPermissionDenied = "PERMISSION_DENIED"
 	TokenMethod           = "METHOD_NOT_ALLOWED"
 	TokenInternal         = "INTERNAL"
+	TokenUnavailable      = "UNAVAILABLE"
 )
 
 // KeyError is one entry of seed 003's {"errors": [...]}.
@@ -145,6 +152,7 @@ const (
 	KeyErrNotFound       = "ERR_NOT_FOUND"
 	KeyErrMethod         = "ERR_METHOD_NOT_ALLOWED"
 	KeyErrInternal       = "ERR_INTERNAL"
+	KeyErrUnavailable    = "ERR_SERVICE_UNAVAILABLE"
 )
 
 // mapping is a kind's status and its code in each facade: code for the
@@ -170,6 +178,33 @@ var mappings = map[kind]mapping{
 	kindLimit:           {http.StatusBadRequest, CodeLimitExceeded, TokenInvalidState, KeyErrLimitExceeded},
 	kindRateLimited:     {http.StatusTooManyRequests, CodeTooMany, TokenInternal, KeyErrTooMany},
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
+	kindUnavailable:     {http.StatusServiceUnavailable, CodeUnavailable, TokenUnavailable, KeyErrUnavailable},
+}
+
+// storeFailure names a store failure for the caller: what happened, never
+// the store's own words (they may name keys). ok is false for any other
+// error.
+func storeFailure(err error) (msg string, ok bool) {
+	switch {
+	case errors.Is(err, cluster.ErrStoreFull):
+		return "the listener's store is out of disk space; nothing was changed, try again once an operator has made room", true
+	case errors.Is(err, cluster.ErrStoreDamaged):
+		return "the listener's store is damaged; an operator must restore it from a backup (see the listener log)", true
+	case errors.Is(err, cluster.ErrStoreUnavailable):
+		return "the listener cannot reach its store; try again", true
+	}
+	return "", false
+}
+
+// retryAfter is the Retry-After of a 503, in seconds: the listener's store
+// deadline, when the core names one.
+func (s *Server) retryAfter() string {
+	if c, ok := s.core.(interface{ StoreTimeout() time.Duration }); ok {
+		if d := c.StoreTimeout(); d > 0 {
+			return strconv.Itoa(int(d.Seconds() + 0.999))
+		}
+	}
+	return "5"
 }
 
 // fail writes err in facade f's shape. Internal errors are logged with the
@@ -178,6 +213,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	var e *apiError
 	if !errors.As(err, &e) {
 		e = errInternal(err)
+	}
+	if e.kind == kindInternal {
+		if msg, ok := storeFailure(e.cause); ok {
+			s.logger.Warn("admin request: store failed", "requestId", requestIDOf(r), "path", r.URL.Path, "err", e.cause)
+			e = &apiError{kind: kindUnavailable, msg: msg}
+		}
+	}
+	if e.kind == kindUnavailable {
+		w.Header().Set("Retry-After", s.retryAfter())
 	}
 	if e.kind == kindInternal {
 		s.logger.Error("admin request failed", "requestId", requestIDOf(r), "path", r.URL.Path, "err", e.cause)

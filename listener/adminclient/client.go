@@ -37,7 +37,8 @@ type Client struct {
 	base string
 }
 
-// New returns a client for the unix socket at path.
+// New returns a client for the unix socket at path; each request may take
+// up to 6 minutes (see WithTimeout).
 func New(path string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -48,8 +49,22 @@ func New(path string) *Client {
 	return &Client{http: &http.Client{Transport: tr, Timeout: 6 * time.Minute}, base: "http://stratum-admin"}
 }
 
+// WithTimeout bounds each request to d: past it the request fails with
+// ErrTimeout.
+func (c *Client) WithTimeout(d time.Duration) *Client {
+	if d > 0 {
+		c.http.Timeout = d
+	}
+	return c
+}
+
 // ProblemError is an error answer of the API.
 type ProblemError struct{ adminapi.Problem }
+
+// Transient reports whether the listener answered that it cannot serve
+// the request now (503: its store did not answer, is full or damaged) and
+// the same request may succeed later.
+func (e *ProblemError) Transient() bool { return e.Status == http.StatusServiceUnavailable }
 
 func (e *ProblemError) Error() string {
 	msg := fmt.Sprintf("%s: %s", e.Code, e.Detail)
@@ -61,6 +76,10 @@ func (e *ProblemError) Error() string {
 
 // ErrUnreachable means the socket could not be reached.
 var ErrUnreachable = errors.New("cannot reach the listener's admin socket")
+
+// ErrTimeout means the listener did not answer within the client's
+// timeout.
+var ErrTimeout = errors.New("the listener did not answer in time")
 
 // Do sends a request and decodes the JSON answer into out.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
@@ -80,6 +99,10 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.http.Do(req)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+		return fmt.Errorf("%w (%s): %s %s", ErrTimeout, c.http.Timeout, method, path)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
@@ -91,6 +114,10 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	if resp.StatusCode >= 300 {
 		var p ProblemError
 		if json.Unmarshal(b, &p.Problem) != nil || p.Code == "" {
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				p.Problem = adminapi.Problem{Status: resp.StatusCode, Code: adminapi.CodeUnavailable, Detail: resp.Status}
+				return &p
+			}
 			return fmt.Errorf("admin api: %s", resp.Status)
 		}
 		return &p
