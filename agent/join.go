@@ -18,7 +18,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/quic-go/quic-go"
 
@@ -194,12 +196,27 @@ func readChallenge(str io.Reader, ch *wire.Challenge) error {
 		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused || res.Code != wire.CodeUnavailable {
 			return fmt.Errorf("listener sent a result in place of its challenge: %w", wire.ErrFrame)
 		}
-		return &RefusedError{Code: res.Code, Message: fmt.Sprintf("the listener cannot reach its store (it says %q)", res.Message), RetryAfter: time.Duration(res.RetryAfter) * time.Second}
+		msg := printable(res.Message)
+		if !strings.HasPrefix(msg, "the listener") {
+			msg = "the listener cannot reach its store: " + msg
+		}
+		return &RefusedError{Code: res.Code, Message: msg, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
 	}
 	if err := wire.Decode(typ, body, ch); err != nil {
 		return fmt.Errorf("listener sent a malformed challenge: %w", err)
 	}
 	return nil
+}
+
+// printable keeps the printable characters of an unauthenticated peer's
+// message, so it cannot move the cursor or clear the operator's screen.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return -1
+	}, s)
 }
 
 // exchange is the join protocol over one stream; QUIC is only its carrier.
