@@ -123,6 +123,12 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The nonce is on disk before the Hello leaves: if this process or
+	// the listener dies mid-join, the next proof claims the attempt back.
+	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator)
+	if err != nil {
+		return nil, err
+	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	conn, err := cfg.Dial(dctx, cfg.Endpoint, &tls.Config{
 		MinVersion: tls.VersionTLS13,
@@ -155,7 +161,20 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	for _, c := range cs.TLS.PeerCertificates {
 		peer = append(peer, c.Raw)
 	}
-	j, err := exchange(ctx, str, exporter, peer, key, &cfg)
+	j, err := exchange(ctx, str, exporter, peer, key, &cfg, attemptClaim{nonce: nonce, commit: commit, earlier: earlier})
+	var refused *RefusedError
+	switch {
+	case err == nil, errors.As(err, &refused) && !refused.Retryable():
+		// the listener recorded a proof of the code: the refunds are spent
+		if ferr := st.finishAttempts(cfg.Secret.Locator); ferr != nil {
+			cfg.Logger.Warn("forget attempt nonces", "err", ferr)
+		}
+	case errors.Is(err, ErrNotAccepted):
+		// a failed PAKE is a failed attempt for good: nothing refunds it
+		if ferr := st.dropAttempt(cfg.Secret.Locator, nonce); ferr != nil {
+			cfg.Logger.Warn("forget attempt nonce", "err", ferr)
+		}
+	}
 	if errors.Is(err, ErrNotAccepted) {
 		conn.CloseWithError(0x102, "")
 		n, ferr := st.failures(cfg.Secret.Locator)
@@ -220,12 +239,20 @@ func printable(s string) string {
 }
 
 // exchange is the join protocol over one stream; QUIC is only its carrier.
-func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
-	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password())
+// attemptClaim is what an attempt tells the listener about refunds: its
+// own commitment, and the nonces of earlier unfinished attempts.
+type attemptClaim struct {
+	nonce   []byte // seeds the OPRF blind, so a repeated attempt repeats its guess
+	commit  []byte
+	earlier [][]byte
+}
+
+func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig, claim attemptClaim) (*Joined, error) {
+	login, ke1, err := pake.StartSeeded(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password(), claim.nonce)
 	if err != nil {
 		return nil, err
 	}
-	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1}); err != nil {
+	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1, Attempt: claim.commit}); err != nil {
 		return nil, &UnreachableError{err}
 	}
 	var ch wire.Challenge
@@ -262,7 +289,9 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err != nil {
 		return nil, err
 	}
-	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}); err != nil {
+	// The nonces go only to a listener that proved the code and chains to
+	// its CA.
+	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts, Refunds: claim.earlier}); err != nil {
 		return nil, &UnreachableError{err}
 	}
 	for {

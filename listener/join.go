@@ -51,7 +51,9 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 
 	// Unknown and inactive locators cost one durable write too (see
 	// cluster.standIn), so the Challenge's timing does not tell them apart.
-	att, err := l.beginAttempt(ctx, hello.Locator)
+	// the guess a KE1 asks, so a repeated one resumes its counted attempt
+	guess, _ := pake.GuessOf(hello.KE1)
+	att, err := l.beginAttempt(ctx, cluster.BeginRequest{Locator: hello.Locator, Commit: hello.Attempt, Guess: guess})
 	if errors.Is(err, cluster.ErrBusy) {
 		return errCodeInternal, fmt.Errorf("count attempt: %w", err)
 	}
@@ -95,8 +97,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	str.SetReadDeadline(time.Now().Add(proofTimeout))
 	var proof wire.Proof
 	if err := wire.Read(str, &proof); err != nil {
-		// a wrong code: the agent sends nothing more; the attempt stays counted
-		l.abandon(att)
+		// a wrong code (the agent sends nothing more) or a broken
+		// connection: the attempt stays counted, refundable to a proof
+		// that reveals its nonce
+		l.endLease(att, true)
 		return errCodeNotProof, fmt.Errorf("read proof: %w", err)
 	}
 	if h := l.cfg.Hooks.Proof; h != nil {
@@ -120,6 +124,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	req := cluster.ProveRequest{
 		Attempt:   att,
+		Refunds:   proof.Refunds,
 		Facts:     proof.Facts,
 		KeyFP:     hex.EncodeToString(keyFP[:]),
 		CurrentCA: currentFP,
@@ -271,11 +276,11 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 // once are not taken for a guessing storm. Waiters queue per secret and
 // are woken one at a time as leases end here; a slow timer covers leases
 // that end on another listener or expire.
-func (l *Listener) beginAttempt(ctx context.Context, locator string) (cluster.Attempt, error) {
+func (l *Listener) beginAttempt(ctx context.Context, req cluster.BeginRequest) (cluster.Attempt, error) {
 	ctx, cancel := context.WithTimeout(ctx, cluster.LeaseTime)
 	defer cancel()
 	for {
-		att, err := l.cluster.BeginAttempt(ctx, locator)
+		att, err := l.cluster.Begin(ctx, req)
 		if !errors.Is(err, cluster.ErrBusy) {
 			return att, err
 		}
@@ -349,10 +354,17 @@ func (q *leaseQueue) release(secretID string) {
 }
 
 // abandon frees a failed attempt's lease; it stays counted.
-func (l *Listener) abandon(att cluster.Attempt) {
+func (l *Listener) abandon(att cluster.Attempt) { l.endLease(att, false) }
+
+// endLease frees a lease; orphan keeps the attempt refundable.
+func (l *Listener) endLease(att cluster.Attempt, orphan bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := l.cluster.Abandon(ctx, att); err != nil {
+	end := l.cluster.Abandon
+	if orphan {
+		end = l.cluster.Orphan
+	}
+	if err := end(ctx, att); err != nil {
 		l.logger.Warn("free attempt lease", "err", err)
 	}
 	if att.Counted {

@@ -15,6 +15,10 @@ type Hello struct {
 	Version uint   `cbor:"1,keyasint"`
 	Locator string `cbor:"2,keyasint"`
 	KE1     []byte `cbor:"3,keyasint"`
+	// Attempt is the agent's commitment for this attempt, SHA-256 of a
+	// nonce it keeps on disk: a later Proof that reveals the nonce gets
+	// the attempt back if it was orphaned (never proven).
+	Attempt []byte `cbor:"4,keyasint,omitempty"`
 }
 
 func (*Hello) Type() byte { return TypeHello }
@@ -27,9 +31,17 @@ func (m *Hello) Check() error {
 		return errors.New("malformed locator")
 	case len(m.KE1) != pake.KE1Size:
 		return fmt.Errorf("KE1 is %d bytes, want %d", len(m.KE1), pake.KE1Size)
+	case len(m.Attempt) != 0 && len(m.Attempt) != AttemptSize:
+		return fmt.Errorf("attempt commitment is %d bytes, want %d", len(m.Attempt), AttemptSize)
 	}
 	return nil
 }
+
+// AttemptSize is the size of an attempt commitment and of its nonce.
+const AttemptSize = 32
+
+// MaxRefunds bounds the nonces one Proof reveals.
+const MaxRefunds = 16
 
 // Challenge answers Hello. CAChain holds the CA certificates (DER) the
 // record was minted under, issuing CA first and root last; the agent
@@ -58,6 +70,9 @@ type Proof struct {
 	KE3   []byte `cbor:"1,keyasint"`
 	CSR   []byte `cbor:"2,keyasint"`
 	Facts Facts  `cbor:"3,keyasint"`
+	// Refunds are the nonces of the agent's earlier attempts with this
+	// code that it never saw finish (at most MaxRefunds).
+	Refunds [][]byte `cbor:"4,keyasint,omitempty"`
 }
 
 func (*Proof) Type() byte { return TypeProof }
@@ -68,6 +83,13 @@ func (m *Proof) Check() error {
 		return fmt.Errorf("KE3 is %d bytes, want %d", len(m.KE3), pake.KE3Size)
 	case len(m.CSR) == 0 || len(m.CSR) > 8<<10:
 		return fmt.Errorf("CSR is %d bytes, want 1..8192", len(m.CSR))
+	case len(m.Refunds) > MaxRefunds:
+		return fmt.Errorf("%d refund nonces, at most %d", len(m.Refunds), MaxRefunds)
+	}
+	for _, n := range m.Refunds {
+		if len(n) != AttemptSize {
+			return fmt.Errorf("refund nonce is %d bytes, want %d", len(n), AttemptSize)
+		}
 	}
 	return m.Facts.Check()
 }
