@@ -277,7 +277,21 @@ func codesCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, list, show, revoke)
+	reset := &cobra.Command{
+		Use: "reset-attempts ID", Short: "forget a live join code's failed attempts (recorded as an event)", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			c, err := client().ResetAttempts(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), c)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: failed attempts now %d\n", c.ID, c.FailedAttempts)
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, show, revoke, reset)
 	return cmd
 }
 

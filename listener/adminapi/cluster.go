@@ -215,6 +215,28 @@ func (s *Server) revokeCode(w http.ResponseWriter, r *http.Request, p Principal)
 	return nil
 }
 
+// resetAttempts forgets the failed attempts of a live code (its holders
+// lost them to crashes, say); in-flight attempts stay counted. It gates on
+// revoking: both decide whether the code can still be used.
+func (s *Server) resetAttempts(w http.ResponseWriter, r *http.Request, p Principal) error {
+	if !p.may(ActionRevokeJoinCode, ResourceCluster) {
+		return errForbidden("needs " + ActionRevokeJoinCode + " on " + ResourceCluster)
+	}
+	sec, err := s.codeFor(r, p)
+	if err != nil {
+		return err
+	}
+	sec, err = s.core.Cluster().ResetAttempts(r.Context(), sec.ID, p.Name)
+	if errors.Is(err, cluster.ErrInvalidState) {
+		return &apiError{kind: kindInvalidState, msg: "only a live join code's attempts can be reset; this one is no longer live"}
+	}
+	if err != nil {
+		return errInternal(err)
+	}
+	writeJSON(w, http.StatusOK, toCode(sec, s.core.Cluster().Now()))
+	return nil
+}
+
 // NodeView is a node as the admin API shows it. Facts are claimed by the
 // machine, never attested.
 type NodeView struct {

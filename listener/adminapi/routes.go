@@ -98,6 +98,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes", h: s.mintCode},
 		{method: http.MethodGet, path: "/v1/admin/cluster/join-codes/{id}", h: s.getCode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/revoke", h: s.revokeCode},
+		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/reset-attempts", h: s.resetAttempts},
 
 		// the bootstrap admin's cluster routes, in seed 004's style
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes", adminOnly: true, h: s.listNodes},

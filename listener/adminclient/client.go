@@ -139,6 +139,13 @@ func (c *Client) MintCode(ctx context.Context, req adminapi.MintCodeRequest) (ad
 	return out, err
 }
 
+// ResetAttempts forgets the failed attempts of a live join code.
+func (c *Client) ResetAttempts(ctx context.Context, id string) (adminapi.Code, error) {
+	var out adminapi.Code
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/join-codes/"+url.PathEscape(id)+"/reset-attempts", nil, &out)
+	return out, err
+}
+
 // Codes lists join codes, newest first.
 func (c *Client) Codes(ctx context.Context) ([]adminapi.Code, error) {
 	var out items[adminapi.Code]
