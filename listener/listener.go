@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/store/boltstore"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/registry"
@@ -526,3 +528,18 @@ func (s *sourceLimiters) sweep(ctx context.Context) {
 
 // StoreTimeout is the deadline of each store call.
 func (l *Listener) StoreTimeout() time.Duration { return l.cfg.StoreTimeout }
+
+// Backup writes a consistent copy of the store to w as a bbolt file (see
+// boltstore.Snapshot), while the listener serves.
+func (l *Listener) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	return boltstore.Snapshot(ctx, l.store, l.cfg.DataDir, w)
+}
+
+// Healthy reports whether the store is sound: nil, or the damage a
+// transaction met (the listener answers JOIN_UNAVAILABLE meanwhile).
+func (l *Listener) Healthy() error {
+	if h, ok := store.Unwrap(l.store).(interface{ Healthy() error }); ok {
+		return h.Healthy()
+	}
+	return nil
+}

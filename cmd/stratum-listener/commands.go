@@ -38,7 +38,7 @@ func rootCommand() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
 	root.PersistentFlags().DurationVar(&adminTimeout, "timeout", 30*time.Second, "how long an admin command waits for the listener's answer")
-	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
+	root.AddCommand(initCommand(), serveCommand(), codesCommand(), storeCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
 	return root
 }
 

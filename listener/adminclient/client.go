@@ -128,6 +128,36 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	return nil
 }
 
+// Backup streams a backup of the listener's store into w (a bbolt file).
+func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/admin/cluster/store/backup", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+		return 0, fmt.Errorf("%w (%s): store backup", ErrTimeout, c.http.Timeout)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrUnreachable, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var p ProblemError
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &p.Problem) != nil || p.Code == "" {
+			return 0, fmt.Errorf("admin api: %s", resp.Status)
+		}
+		return 0, &p
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
+		err = fmt.Errorf("the backup was cut short: %d of %d bytes", n, resp.ContentLength)
+	}
+	return n, err
+}
+
 type items[T any] struct {
 	Items []T `json:"items"`
 }

@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/joincode"
+)
+
+// slowListener is a listener whose codes use the default key stretching
+// (Argon2id t=3, 64 MiB), so that agents spend a while between the count
+// of their attempt and their proof: the window a crash falls into.
+func slowListener(t *testing.T) *listenerProc {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("/tmp", "sje2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t)}
+	run(t, nil, "stratum-listener", "init", "--data", p.data, "--endpoint", p.endpoint)
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+// agentProc is a `stratum-agent join` process.
+type agentProc struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	done           chan struct{}
+	exit           int
+}
+
+// machineRoot makes a filesystem root whose DMI names machine i, so
+// agents on one host join as distinct machines.
+func machineRoot(t *testing.T, dir string, i int) string {
+	t.Helper()
+	root := filepath.Join(dir, "root", fmt.Sprint(i))
+	id := filepath.Join(root, "sys", "class", "dmi", "id")
+	if err := os.MkdirAll(id, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	uuid := fmt.Sprintf("4c4c4544-0000-4000-8000-%012d\n", 1000+i)
+	if err := os.WriteFile(filepath.Join(id, "product_uuid"), []byte(uuid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func startAgent(t *testing.T, endpoint, code, state, root string) *agentProc {
+	t.Helper()
+	a := &agentProc{done: make(chan struct{})}
+	a.cmd = exec.Command(filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", endpoint, "--code", "-", "--state", state, "--root", root)
+	a.cmd.Stdin = strings.NewReader(code + "\n")
+	a.cmd.Stdout, a.cmd.Stderr = &a.stdout, &a.stderr
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := a.cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); ok {
+			a.exit = ee.ExitCode()
+		} else if err != nil {
+			a.exit = -1
+		}
+		close(a.done)
+	}()
+	t.Cleanup(func() {
+		a.cmd.Process.Kill()
+		<-a.done
+	})
+	return a
+}
+
+func (p *listenerProc) code(id string) mintedCode {
+	p.t.Helper()
+	var c mintedCode
+	p.adminJSON(&c, "codes", "show", id)
+	return c
+}
+
+// TestKill9WithHonestAttemptsInFlight: twelve holders of a 50-use code;
+// the listener is killed with SIGKILL while ten of their attempts are
+// counted and in flight (the agents are frozen right then, so none can
+// finish), and restarted. The agents, run again with their state
+// directories, resume those attempts: all twelve join, the code's failed
+// count is 0 and it is not burned. Before attempts could resume, the
+// eleventh start after the leases ran out burned the code.
+func TestKill9WithHonestAttemptsInFlight(t *testing.T) {
+	l := slowListener(t)
+	var code mintedCode
+	l.adminJSON(&code, "codes", "create", "--max-uses", "50")
+	dir := t.TempDir()
+	state := func(i int) string { return filepath.Join(dir, "holder", string(rune('a'+i))) }
+
+	var agents []*agentProc
+	for i := range 12 {
+		agents = append(agents, startAgent(t, l.endpoint, code.Code, state(i), machineRoot(t, dir, i)))
+	}
+	// wait until ten attempts are counted, then freeze every agent
+	deadline := time.Now().Add(60 * time.Second)
+	for l.code(code.ID).FailedAttempts < 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("ten attempts never counted at once: %+v", l.code(code.ID))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, a := range agents {
+		a.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+	inFlight := l.code(code.ID)
+	t.Logf("at the kill: %d attempts counted, %d uses", inFlight.FailedAttempts, inFlight.Uses)
+	l.kill()
+	time.Sleep(2 * time.Second) // restarted after 2 s, as in the report
+	l.start()
+	for _, a := range agents {
+		a.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	for i, a := range agents {
+		<-a.done
+		if a.exit == 0 {
+			continue
+		}
+		// its connection died with the listener: run it again, as the
+		// service would
+		r := agentJoin(context.Background(), l.endpoint, code.Code, state(i), "--root", machineRoot(t, dir, i))
+		if r.exit != 0 {
+			t.Errorf("holder %d after the restart: exit %d\n%s", i, r.exit, r.stderr)
+		}
+	}
+	got := l.code(code.ID)
+	if got.Uses != 12 || got.FailedAttempts != 0 || got.State != "live" || got.RevokedBy != "" {
+		t.Fatalf("after the restart: %+v; want 12 uses, 0 failed attempts, live", got)
+	}
+}
+
+// TestKill9GuessersStayCounted is the converse: ten guessers that drop
+// after KE2, a SIGKILL and a restart; their ten attempts stay counted,
+// and the eleventh guess burns the code.
+func TestKill9GuessersStayCounted(t *testing.T) {
+	l := newListener(t)
+	var code mintedCode
+	l.adminJSON(&code, "codes", "create", "--max-uses", "0")
+	sec, err := joincode.Parse(code.Code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := func() string {
+		var w joincode.Secret
+		for w.Locator == "" || string(w.Password()) == string(sec.Password()) {
+			w, _ = joincode.NewCode(sec.Locator)
+		}
+		return w.Display()
+	}
+	dir := t.TempDir()
+	ctx := context.Background()
+	for i := range 10 {
+		if r := agentJoin(ctx, l.endpoint, wrong(), filepath.Join(dir, "guesser", string(rune('a'+i)))); r.exit != 1 {
+			t.Fatalf("guess %d: %+v", i, r)
+		}
+	}
+	if got := l.code(code.ID); got.FailedAttempts != 10 {
+		t.Fatalf("%d attempts counted after ten guesses", got.FailedAttempts)
+	}
+	l.kill()
+	l.start()
+	if got := l.code(code.ID); got.FailedAttempts != 10 || got.State != "live" {
+		t.Fatalf("after the restart: %+v", got)
+	}
+	if r := agentJoin(ctx, l.endpoint, wrong(), filepath.Join(dir, "guesser", "k")); r.exit != 1 {
+		t.Fatalf("11th guess: %+v", r)
+	}
+	if got := l.code(code.ID); got.State != "revoked" || got.RevokedBy != "system:too-many-attempts" {
+		t.Fatalf("after the 11th guess: %+v, want burned", got)
+	}
+	r := agentJoin(ctx, l.endpoint, code.Code, filepath.Join(dir, "holder"))
+	if r.exit != 1 || !strings.Contains(r.stderr, "burned") {
+		t.Fatalf("holder after the burn: %+v", r)
+	}
+}
