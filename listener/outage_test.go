@@ -2,7 +2,10 @@ package listener_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/store/etcdstore"
 	"github.com/stratumjoin/stratum/internal/store/etcdtest"
 	"github.com/stratumjoin/stratum/internal/wire"
@@ -66,5 +70,64 @@ func TestStoreOutageAnswersUnavailable(t *testing.T) {
 	}
 	if took > outageBound {
 		t.Errorf("the answer took %v", took)
+	}
+}
+
+// corruptLeaves overwrites the element headers of every bbolt leaf page of
+// the file with offsets far outside the page, as flipped bits would.
+func corruptLeaves(t *testing.T, path string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for off := 2 * 4096; off+4096 <= len(raw); off += 4096 {
+		flags, count := binary.LittleEndian.Uint16(raw[off+8:]), binary.LittleEndian.Uint16(raw[off+10:])
+		if flags != 0x02 || count == 0 {
+			continue
+		}
+		bad := make([]byte, 16*int(count))
+		for i := range int(count) {
+			binary.LittleEndian.PutUint32(bad[16*i+4:], 0x7fff0000)
+			binary.LittleEndian.PutUint32(bad[16*i+8:], 0x7fff)
+		}
+		if _, err := f.WriteAt(bad, int64(off+16)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDamagedPagesWhileServing: pages damaged under a serving listener
+// make admin reads answer 503 and joins JOIN_UNAVAILABLE; the process and
+// its handlers live on, and the listener reports itself unhealthy.
+func TestDamagedPagesWhileServing(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	for range 30 {
+		mint(t, l, adminapi.MintCodeRequest{})
+	}
+	if err := l.Healthy(); err != nil {
+		t.Fatal(err)
+	}
+	corruptLeaves(t, filepath.Join(l.DataDir, "state.db"))
+	for range 2 { // the second call shows the process survived the first
+		_, err := l.Admin.Codes(context.Background())
+		var p *adminclient.ProblemError
+		if !errors.As(err, &p) || !p.Transient() || !strings.Contains(p.Detail, "damaged") {
+			t.Fatalf("codes list on damaged pages: %v", err)
+		}
+	}
+	_, _, err := join(t, l, sec, wire.Facts{})
+	var refused *agent.RefusedError
+	if !errors.As(err, &refused) || refused.Code != wire.CodeUnavailable || !strings.Contains(refused.Message, "damaged") {
+		t.Fatalf("join on damaged pages: %v", err)
+	}
+	if err := l.Healthy(); !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("Healthy after damage: %v", err)
 	}
 }

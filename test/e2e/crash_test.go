@@ -187,3 +187,51 @@ func TestKill9GuessersStayCounted(t *testing.T) {
 		t.Fatalf("holder after the burn: %+v", r)
 	}
 }
+
+// TestDamagedStateFileRefused: a zero-length, a truncated and a
+// bit-flipped state.db stop `serve` with a message that names the file
+// and the recovery, and never a panic.
+func TestDamagedStateFileRefused(t *testing.T) {
+	l := newListener(t)
+	var code mintedCode
+	for range 20 { // enough records for data pages
+		l.adminJSON(&code, "codes", "create")
+	}
+	l.stop()
+	db := filepath.Join(l.data, "state.db")
+	good, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := bytes.Clone(good)
+	for off := 2 * 4096; off+4096 <= len(flipped); off += 4096 {
+		for i := off + 16; i < off+4096; i += 7 {
+			flipped[i] ^= 0xa5
+		}
+	}
+	for name, content := range map[string][]byte{
+		"zero length": {},
+		"truncated":   good[:len(good)/3],
+		"bit-flipped": flipped,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := os.WriteFile(db, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", l.data, "--listen", l.endpoint, "--admin-socket", l.sock)
+			out, err := cmd.CombinedOutput()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 1 {
+				t.Fatalf("serve on a damaged file: %v\n%s", err, out)
+			}
+			for _, want := range []string{db, "store restore"} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("message lacks %q:\n%s", want, out)
+				}
+			}
+			if strings.Contains(string(out), "panic") || strings.Contains(string(out), "goroutine ") {
+				t.Errorf("serve panicked:\n%s", out)
+			}
+		})
+	}
+}
