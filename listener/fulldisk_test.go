@@ -15,6 +15,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/adminclient"
 	"github.com/stratumjoin/stratum/listener/listenertest"
 )
 
@@ -104,6 +105,15 @@ func TestFullDiskCostsNoAttempt(t *testing.T) {
 	if len(waiting) == 0 {
 		t.Fatal("no join met the full disk")
 	}
+
+	// the admin API names the full disk too, as a retryable 503
+	fill(t, filepath.Join(disk, "filler2"))
+	_, err = l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
+	var p *adminclient.ProblemError
+	if !errors.As(err, &p) || !p.Transient() || !strings.Contains(p.Detail, "disk space") {
+		t.Errorf("codes create on a full disk: %v, want a 503 that names the disk", err)
+	}
+	os.Remove(filepath.Join(disk, "filler2"))
 
 	if err := os.Remove(filepath.Join(disk, "filler")); err != nil {
 		t.Fatal(err)
