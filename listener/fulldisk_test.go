@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/testenv"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
@@ -19,16 +20,11 @@ import (
 	"github.com/stratumjoin/stratum/listener/listenertest"
 )
 
-// smallTmpfs mounts a tmpfs of size bytes for the test. It needs root: CI
-// runs as root, so there the lack of it fails the test; elsewhere it skips.
+// smallTmpfs mounts a tmpfs of size bytes for the test (root: see
+// testenv).
 func smallTmpfs(t *testing.T, size int) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test mounts a tmpfs and needs root, which CI has")
-		}
-		t.Skip("needs root to mount a tmpfs")
-	}
+	testenv.NeedRoot(t, "mount a small tmpfs")
 	dir := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Fatalf("mount tmpfs: %v\n%s", err, out)

@@ -182,10 +182,10 @@ var errStoreWait = errors.New("read the pending join")
 // unavailable is the retryable refusal an agent reads when a store call
 // failed; its message names the failure, and never the code.
 func (l *Listener) unavailable(err error) *wire.Result {
-	msg := "the listener cannot reach its store; try again"
+	msg := "the listener cannot reach its store"
 	switch {
 	case errors.Is(err, store.ErrNoSpace):
-		msg = "the listener's store is out of disk space; try again once an operator has made room"
+		msg = "the listener's store is out of disk space until an operator makes room"
 	case errors.Is(err, store.ErrCorrupt):
 		msg = "the listener's store is damaged; an operator must restore it from a backup"
 	}

@@ -187,11 +187,11 @@ var mappings = map[kind]mapping{
 func storeFailure(err error) (msg string, ok bool) {
 	switch {
 	case errors.Is(err, cluster.ErrStoreFull):
-		return "the listener's store is out of disk space; nothing was changed, try again once an operator has made room", true
+		return "the listener's store is out of disk space until an operator makes room", true
 	case errors.Is(err, cluster.ErrStoreDamaged):
 		return "the listener's store is damaged; an operator must restore it from a backup (see the listener log)", true
 	case errors.Is(err, cluster.ErrStoreUnavailable):
-		return "the listener cannot reach its store; try again", true
+		return "the listener cannot reach its store", true
 	}
 	return "", false
 }
