@@ -8,11 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/store/etcdtest"
 )
 
 // slowListener is a listener whose codes use the default key stretching
@@ -96,15 +98,51 @@ func (p *listenerProc) code(id string) mintedCode {
 // count is 0 and it is not burned. Before attempts could resume, the
 // eleventh start after the leases ran out burned the code.
 func TestKill9WithHonestAttemptsInFlight(t *testing.T) {
-	l := slowListener(t)
+	honestCrash(t, []*listenerProc{slowListener(t)})
+}
+
+// TestKill9EveryEtcdListenerWithHonestAttemptsInFlight is the same with
+// two listeners sharing three etcd processes, both killed.
+func TestKill9EveryEtcdListenerWithHonestAttemptsInFlight(t *testing.T) {
+	procs := etcdtest.StartProcs(t, 3)
+	var eps []string
+	for _, m := range procs.Members {
+		eps = append(eps, strings.TrimPrefix(m.ClientURL, "http://"))
+	}
+	storeURL := "etcd://" + strings.Join(eps, ",") + "/stratum-kill"
+	data := filepath.Join(t.TempDir(), "listener")
+	var ls []*listenerProc
+	for i := range 2 {
+		sockDir, err := os.MkdirTemp("/tmp", "sje2e")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(sockDir) })
+		p := &listenerProc{t: t, data: data, sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: []string{"--store", storeURL}}
+		if i == 0 { // default key stretching: agents take a while to prove
+			run(t, nil, "stratum-listener", "init", "--data", data, "--endpoint", p.endpoint)
+		}
+		p.start()
+		t.Cleanup(p.stop)
+		ls = append(ls, p)
+	}
+	honestCrash(t, ls)
+}
+
+// honestCrash starts twelve holders spread over the listeners, freezes
+// them once ten attempts are counted, kills every listener with SIGKILL,
+// restarts them after 2 s and lets the holders finish.
+func honestCrash(t *testing.T, ls []*listenerProc) {
+	l := ls[0]
 	var code mintedCode
 	l.adminJSON(&code, "codes", "create", "--max-uses", "50")
 	dir := t.TempDir()
 	state := func(i int) string { return filepath.Join(dir, "holder", string(rune('a'+i))) }
+	endpoint := func(i int) string { return ls[i%len(ls)].endpoint }
 
 	var agents []*agentProc
 	for i := range 12 {
-		agents = append(agents, startAgent(t, l.endpoint, code.Code, state(i), machineRoot(t, dir, i)))
+		agents = append(agents, startAgent(t, endpoint(i), code.Code, state(i), machineRoot(t, dir, i)))
 	}
 	// wait until ten attempts are counted, then freeze every agent
 	deadline := time.Now().Add(60 * time.Second)
@@ -119,24 +157,35 @@ func TestKill9WithHonestAttemptsInFlight(t *testing.T) {
 	}
 	inFlight := l.code(code.ID)
 	t.Logf("at the kill: %d attempts counted, %d uses", inFlight.FailedAttempts, inFlight.Uses)
-	l.kill()
+	for _, p := range ls {
+		p.kill()
+	}
 	time.Sleep(2 * time.Second) // restarted after 2 s, as in the report
-	l.start()
+	for _, p := range ls {
+		p.start()
+	}
 	for _, a := range agents {
 		a.cmd.Process.Signal(syscall.SIGCONT)
 	}
+	// Each holder whose connection died with the listener runs again, as
+	// the service would, all at once: a holder that was not counted waits
+	// for the leases of those that were, which only their return ends.
+	var wg sync.WaitGroup
 	for i, a := range agents {
-		<-a.done
-		if a.exit == 0 {
-			continue
-		}
-		// its connection died with the listener: run it again, as the
-		// service would
-		r := agentJoin(context.Background(), l.endpoint, code.Code, state(i), "--root", machineRoot(t, dir, i))
-		if r.exit != 0 {
-			t.Errorf("holder %d after the restart: exit %d\n%s", i, r.exit, r.stderr)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-a.done
+			if a.exit == 0 {
+				return
+			}
+			r := agentJoin(context.Background(), endpoint(i), code.Code, state(i), "--root", machineRoot(t, dir, i))
+			if r.exit != 0 {
+				t.Errorf("holder %d after the restart: exit %d\n%s", i, r.exit, r.stderr)
+			}
+		}()
 	}
+	wg.Wait()
 	got := l.code(code.ID)
 	if got.Uses != 12 || got.FailedAttempts != 0 || got.State != "live" || got.RevokedBy != "" {
 		t.Fatalf("after the restart: %+v; want 12 uses, 0 failed attempts, live", got)
