@@ -35,6 +35,8 @@ const (
 
 type metaPage struct {
 	pageSize uint32
+	root     uint64
+	freelist uint64
 	pgid     uint64
 	txid     uint64
 }
@@ -55,7 +57,7 @@ func readMeta(f *os.File, off int64) (metaPage, error) {
 	if h.Sum64() != le.Uint64(m[metaLen-8:]) {
 		return metaPage{}, errors.New("meta page checksum mismatch")
 	}
-	mp := metaPage{pageSize: le.Uint32(m[8:]), pgid: le.Uint64(m[40:]), txid: le.Uint64(m[48:])}
+	mp := metaPage{pageSize: le.Uint32(m[8:]), root: le.Uint64(m[16:]), freelist: le.Uint64(m[32:]), pgid: le.Uint64(m[40:]), txid: le.Uint64(m[48:])}
 	if mp.pageSize < minPageSize || mp.pageSize&(mp.pageSize-1) != 0 {
 		return metaPage{}, fmt.Errorf("meta page names page size %d", mp.pageSize)
 	}
@@ -115,8 +117,31 @@ func checkFile(path string) error {
 	default:
 		m = m1
 	}
-	if need := int64(m.pgid) * int64(m.pageSize); size < need {
-		return fmt.Errorf("%w: store file %s is %d bytes but holds %d pages of %d bytes (%d bytes): it was truncated; %s", store.ErrCorrupt, path, size, m.pgid, m.pageSize, need, recovery)
+	if m.pgid > uint64(size) || int64(m.pgid)*int64(m.pageSize) > size {
+		return fmt.Errorf("%w: store file %s is %d bytes but holds %d pages of %d bytes: it was truncated; %s", store.ErrCorrupt, path, size, m.pgid, m.pageSize, recovery)
+	}
+	if m.root < 2 || m.root >= m.pgid {
+		return fmt.Errorf("%w: store file %s names root page %d of %d: %s", store.ErrCorrupt, path, m.root, m.pgid, recovery)
+	}
+	// The freelist is read whole when bbolt opens the file, its length
+	// taken from the page: a damaged length would make bbolt allocate
+	// without bound before any check could run.
+	if m.freelist != ^uint64(0) {
+		if m.freelist < 2 || m.freelist >= m.pgid {
+			return fmt.Errorf("%w: store file %s names freelist page %d of %d: %s", store.ErrCorrupt, path, m.freelist, m.pgid, recovery)
+		}
+		hdr := make([]byte, pageHeaderLen+8)
+		if _, err := f.ReadAt(hdr, int64(m.freelist)*int64(m.pageSize)); err != nil {
+			return fmt.Errorf("%w: store file %s: read the freelist page: %v; %s", store.ErrCorrupt, path, err, recovery)
+		}
+		le := binary.LittleEndian
+		flags, count, overflow := le.Uint16(hdr[8:]), uint64(le.Uint16(hdr[10:])), uint64(le.Uint32(hdr[12:]))
+		if count == 0xFFFF {
+			count = le.Uint64(hdr[pageHeaderLen:]) + 1
+		}
+		if flags != 0x10 || overflow >= m.pgid || count*8 > (overflow+1)*uint64(m.pageSize) {
+			return fmt.Errorf("%w: store file %s has a damaged freelist page: %s", store.ErrCorrupt, path, recovery)
+		}
 	}
 	return nil
 }
