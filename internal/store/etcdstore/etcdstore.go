@@ -264,3 +264,41 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	}
 	return resp.Succeeded, nil
 }
+
+var _ store.Watcher = (*Store)(nil)
+
+// Watch implements store.Watcher with an etcd watch on the key. The watch
+// requires a leader, so a member cut off from its cluster ends it (the
+// caller reads again and watches anew) instead of staying silent.
+func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	// Watch from the revision now: the caller reads the key after Watch
+	// returns, and no change after that read can then be missed, even if
+	// the watch reaches the server later.
+	cur, err := s.cli.Get(ctx, s.prefix+key, clientv3.WithCountOnly())
+	if err != nil {
+		return nil, fmt.Errorf("etcd watch %q: %w", key, err)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wch := s.cli.Watch(wctx, s.prefix+key, clientv3.WithRev(cur.Header.Revision+1))
+	out := make(chan struct{}, 1)
+	go func() {
+		defer cancel()
+		defer close(out)
+		for resp := range wch {
+			if resp.Err() != nil || resp.Canceled {
+				return
+			}
+			if len(resp.Events) == 0 {
+				continue
+			}
+			select {
+			case out <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return out, nil
+}
