@@ -20,6 +20,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
@@ -88,7 +89,14 @@ type Listener struct {
 	now      func() time.Time
 	keys     pki.KeyDir
 	opaque   *pake.ServerKeys
-	cluster  *cluster.Cluster
+	// opaqueRaw is opaque.key as read at start, to tell whether the
+	// cluster's copy in the store still matches it.
+	opaqueRaw []byte
+	// kek is set when the listener is one of a cluster whose keys are
+	// sealed in the store; keysMu orders the changes of the key directory.
+	kek     *keyseal.KEK
+	keysMu  sync.Mutex
+	cluster *cluster.Cluster
 	store    store.Store
 	ownStore bool
 
@@ -135,16 +143,6 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}}
 	l.limiters.perSecond = cfg.RetryAbove
-	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("read opaque keys: %w", err)
-	}
-	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
-		return nil, err
-	}
-	if err := l.loadCA(); err != nil {
-		return nil, err
-	}
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL
@@ -157,6 +155,30 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		l.ownStore = true
 	}
 	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
+	fail := func(err error) (*Listener, error) {
+		if l.ownStore {
+			l.store.Close()
+		}
+		return nil, err
+	}
+	// Before the keys are read: a listener that missed a rotation takes
+	// the cluster's keys first.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := l.checkSharedIdentity(cctx); err != nil {
+		return fail(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+	if err != nil {
+		return fail(fmt.Errorf("read opaque keys: %w", err))
+	}
+	l.opaqueRaw = raw
+	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
+		return fail(err)
+	}
+	if err := l.loadCA(); err != nil {
+		return fail(err)
+	}
 	return l, nil
 }
 
@@ -213,6 +235,10 @@ func (l *Listener) Roots() []*x509.Certificate {
 // RotateCA makes a new root (cross-signed by the old one), re-issues the
 // listener certificate and makes every code minted before stale.
 func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
+	if l.kek != nil {
+		// The event is written with the sealed keys, in one transaction.
+		return l.rotateShared(ctx, actor)
+	}
 	if _, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now()); err != nil {
 		return "", fmt.Errorf("rotate ca: %w", err)
 	}
@@ -316,6 +342,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.cfg.Ready(l.addr)
 	}
 	go l.limiters.sweep(ctx)
+	go l.watchKeys(ctx)
 	for {
 		conn, err := ln.Accept(ctx)
 		if err != nil {

@@ -93,6 +93,9 @@ type Secret struct {
 	KSF             pake.KSFParams `json:"ksf"`
 	CAFingerprint   string         `json:"caFingerprint"`
 	Endpoint        string         `json:"endpoint"`
+	// Endpoints are every endpoint of the cluster when it was minted,
+	// Endpoint first; agents fail over from one to the next.
+	Endpoints []string `json:"endpoints,omitempty"`
 	Tenant          string         `json:"tenant"`
 	Pool            string         `json:"pool"`
 	Role            string         `json:"role"`

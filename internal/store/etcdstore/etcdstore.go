@@ -11,10 +11,18 @@
 //	etcd://10.0.0.1:2379,10.0.0.2:2379/stratum
 //
 // names the endpoints (comma-separated, each with its port, default 2379)
-// and the key prefix (the path; "/stratum/" when empty). "etcds" uses TLS
-// verified against the system roots. A cluster that needs client
-// certificates or credentials is opened by building a clientv3.Client and
-// calling New; credentials never go in the URL.
+// and the key prefix (the path; "/stratum/" when empty). "etcds" uses TLS,
+// verified against the system roots unless the query names a CA. The query
+// takes files, never a secret itself, so the URL can be logged:
+//
+//	etcds://10.0.0.1:2379/stratum?cacert=/etc/stratum/etcd-ca.pem&cert=/etc/stratum/etcd.crt&key=/etc/stratum/etcd.key
+//	etcds://10.0.0.1:2379/stratum?user=stratum&password-file=/run/credentials/stratum-listener.service/etcd-password
+//
+// cacert is the CA that signs the etcd servers' certificates, cert and key
+// a client certificate (etcd --client-cert-auth), user and password-file
+// etcd's own authentication (the file 0600, its one line the password).
+// When etcd answers but refuses the client, Open's error names why and
+// wraps store.ErrRefused.
 //
 // Operations wait for the cluster while their context allows (the etcd
 // client waits for a connection rather than failing fast), so callers give
@@ -104,14 +112,14 @@ func open(ctx context.Context, u *url.URL) (*Store, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("etcd client for %v: %w", cfg.Endpoints, err)
+		return nil, explain(ctx, cfg, err)
 	}
 	s := &Store{cli: cli, prefix: prefix, ownClient: true}
 	probeCtx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
 	defer cancel()
 	if _, err := cli.Get(probeCtx, prefix, clientv3.WithCountOnly()); err != nil {
 		_ = cli.Close()
-		return nil, fmt.Errorf("reach etcd at %v: %w", cfg.Endpoints, err)
+		return nil, explain(ctx, cfg, err)
 	}
 	return s, nil
 }
@@ -132,8 +140,11 @@ func clientConfig(u *url.URL) (clientv3.Config, string, error) {
 	if u.User != nil {
 		return cfg, "", errors.New("etcd store url: credentials in the url are not supported; build a client and use etcdstore.New")
 	}
-	if u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" {
-		return cfg, "", errors.New("etcd store url: want etcd://host:port[,host:port...][/prefix] with no query or fragment")
+	if u.Opaque != "" || u.Fragment != "" {
+		return cfg, "", errors.New("etcd store url: want etcd://host:port[,host:port...][/prefix][?options] with no fragment")
+	}
+	if err := applyQuery(&cfg, u); err != nil {
+		return cfg, "", err
 	}
 	for ep := range strings.SplitSeq(u.Host, ",") {
 		host, port, err := net.SplitHostPort(ep)
