@@ -94,9 +94,9 @@ type Listener struct {
 	opaqueRaw []byte
 	// kek is set when the listener is one of a cluster whose keys are
 	// sealed in the store; keysMu orders the changes of the key directory.
-	kek     *keyseal.KEK
-	keysMu  sync.Mutex
-	cluster *cluster.Cluster
+	kek      *keyseal.KEK
+	keysMu   sync.Mutex
+	cluster  *cluster.Cluster
 	store    store.Store
 	ownStore bool
 
