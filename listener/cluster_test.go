@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/secretscan"
 	"github.com/stratumjoin/stratum/internal/store"
@@ -142,4 +144,47 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestAgentFailsOverToTheNextEndpoint: the first endpoint is a socket that
+// never answers; the join goes through the second and costs the code no
+// attempt, and a renewal fails over the same way.
+func TestAgentFailsOverToTheNextEndpoint(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	dead, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dead.Close() })
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	dir := filepath.Join(t.TempDir(), "state")
+	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: dead.LocalAddr().String(), Endpoints: []string{l.Endpoint}, Secret: sec})
+	if err != nil {
+		t.Fatalf("join with the first endpoint down: %v", err)
+	}
+	if j.Identity.Endpoint != l.Endpoint || len(j.Identity.Endpoints) != 2 {
+		t.Fatalf("identity endpoints %s %v", j.Identity.Endpoint, j.Identity.Endpoints)
+	}
+	c, err := l.Admin.Code(context.Background(), code.ID)
+	if err != nil || c.Uses != 1 || c.FailedAttempts != 0 {
+		t.Fatalf("code after failover: %+v %v", c, err)
+	}
+	// Put the dead endpoint first again: the renewal must fail over too.
+	st := agent.State{Dir: dir}
+	id, _, err := st.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(filepath.Join(dir, agent.NodeFile))
+	raw = bytes.Replace(raw, []byte(`"endpoint": "`+l.Endpoint+`"`), []byte(`"endpoint": "`+dead.LocalAddr().String()+`"`), 1)
+	if err := os.WriteFile(filepath.Join(dir, agent.NodeFile), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if id2, _, _ := st.Identity(); id2.Endpoint == id.Endpoint {
+		t.Fatalf("node.json not rewritten: %s", raw)
+	}
+	renewed, err := agent.Renew(context.Background(), agent.RenewConfig{StateDir: dir})
+	if err != nil || renewed.Endpoint != l.Endpoint {
+		t.Fatalf("renewal with the first endpoint down: %v (through %s)", err, renewed.Endpoint)
+	}
 }
