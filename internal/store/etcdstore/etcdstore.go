@@ -110,6 +110,13 @@ func open(ctx context.Context, u *url.URL) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TLS != nil {
+		// A refused certificate is known after one handshake; the etcd
+		// client would retry it until its deadline and then say only that.
+		if why := probeTLS(ctx, cfg); why != "" {
+			return nil, fmt.Errorf("%w: %s", store.ErrRefused, why)
+		}
+	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, explain(ctx, cfg, err)
