@@ -230,6 +230,9 @@ func codesCommand() *cobra.Command {
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "join code  %s\n", c.Code)
 			fmt.Fprintf(w, "id         %s\nexpires    %s\nmax uses   %s\npool       %s (role %s, trust %s)\n", c.ID, c.ExpiresAt.Format(time.RFC3339), usesText(c.MaxUses), c.Pool, c.Role, c.Trust)
+			if len(c.Endpoints) > 1 {
+				fmt.Fprintf(w, "endpoints  %s\n", strings.Join(c.Endpoints, " "))
+			}
 			if c.RequireApproval {
 				fmt.Fprintln(w, "approval   required: approve with `stratum-listener joins approve ID`")
 			}
