@@ -10,6 +10,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -61,28 +62,72 @@ func expand2(h []byte) []byte {
 
 // Bytes searches one haystack for every needle.
 func Bytes(where string, haystack []byte, needles []Needle) []Hit {
-	h := expand(haystack)
-	var hits []Hit
+	h := expand(squeezeZeros(haystack))
+	type form struct {
+		needle, form string
+		b            []byte
+	}
+	var short []form
+	byPrefix := map[uint64][]form{}
 	for _, n := range needles {
-		for _, f := range []struct {
-			form string
-			b    []byte
-		}{
-			{"raw", n.Bytes},
-			{"hex", []byte(hex.EncodeToString(n.Bytes))},
-			{"base64", []byte(base64.StdEncoding.EncodeToString(n.Bytes))},
+		enc := base64.StdEncoding.EncodeToString(n.Bytes)
+		for _, f := range []form{
+			{n.Name, "raw", n.Bytes},
+			{n.Name, "hex", []byte(hex.EncodeToString(n.Bytes))},
+			// the last block depends on what follows in a longer encoding
+			{n.Name, "base64", []byte(enc[:max(len(enc)/4*4-4, 4)])},
 		} {
-			b := f.b
-			if f.form == "base64" {
-				// the last block depends on what follows in a longer encoding
-				b = f.b[:max(len(f.b)/4*4-4, 4)]
+			if len(f.b) < 8 {
+				short = append(short, f)
+				continue
 			}
-			if bytes.Contains(h, b) {
-				hits = append(hits, Hit{Name: n.Name, Form: f.form, Where: where})
+			k := binary.LittleEndian.Uint64(f.b)
+			byPrefix[k] = append(byPrefix[k], f)
+		}
+	}
+	found := map[[2]string]bool{}
+	var hits []Hit
+	add := func(f form) {
+		if k := [2]string{f.needle, f.form}; !found[k] {
+			found[k] = true
+			hits = append(hits, Hit{Name: f.needle, Form: f.form, Where: where})
+		}
+	}
+	for i := 0; i+8 <= len(h); i++ {
+		for _, f := range byPrefix[binary.LittleEndian.Uint64(h[i:])] {
+			if bytes.HasPrefix(h[i:], f.b) {
+				add(f)
 			}
 		}
 	}
+	for _, f := range short {
+		if bytes.Contains(h, f.b) {
+			add(f)
+		}
+	}
 	return hits
+}
+
+// squeezeZeros shortens runs of more than 64 zero bytes (preallocated log
+// segments, free pages) to 64: no needle (at most 64 bytes once encoded
+// here, as Windows makes them) can tell, and the search is faster.
+func squeezeZeros(b []byte) []byte {
+	const keep = 64
+	out := make([]byte, 0, len(b)/4)
+	for i := 0; i < len(b); {
+		if b[i] != 0 {
+			out = append(out, b[i])
+			i++
+			continue
+		}
+		j := i
+		for j < len(b) && b[j] == 0 {
+			j++
+		}
+		out = append(out, make([]byte, min(j-i, keep))...)
+		i = j
+	}
+	return out
 }
 
 // Tree searches every regular file under root.

@@ -46,3 +46,12 @@ func TestWindowsFindAPartCopied(t *testing.T) {
 		t.Fatal("a seed copied out of the key file is not found")
 	}
 }
+
+// A secret with zero bytes in it, next to a long zero run, is still found.
+func TestZeroRuns(t *testing.T) {
+	secret := []byte("\x00\x00\x00seed-with-zeros\x00\x00inside\x00")
+	hay := append(append(make([]byte, 1<<20), secret...), make([]byte, 1<<20)...)
+	if hits := Bytes("zeros", hay, Windows("s", secret, 24)); len(hits) == 0 {
+		t.Fatal("not found")
+	}
+}
