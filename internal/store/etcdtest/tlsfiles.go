@@ -28,24 +28,24 @@ type TLSFiles struct {
 // WriteTLSFiles makes the certificates and keys (keys 0600) in dir.
 func WriteTLSFiles(t testing.TB, dir string) TLSFiles {
 	t.Helper()
-	ca, caKey := newCert(t, "etcd test ca", nil, nil, true)
-	rogue, rogueKey := newCert(t, "rogue ca", nil, nil, true)
-	srv, srvKey := newCert(t, "etcd", ca, caKey, false)
-	cli, cliKey := newCert(t, "stratum", ca, caKey, false)
-	rc, rcKey := newCert(t, "stratum", rogue, rogueKey, false)
+	ca, caKey := newTLSCert(t, "etcd test ca", nil, nil, true)
+	rogue, rogueKey := newTLSCert(t, "rogue ca", nil, nil, true)
+	srv, srvKey := newTLSCert(t, "etcd", ca, caKey, false)
+	cli, cliKey := newTLSCert(t, "stratum", ca, caKey, false)
+	rc, rcKey := newTLSCert(t, "stratum", rogue, rogueKey, false)
 	f := TLSFiles{
-		CA:         writePEM(t, dir, "ca.crt", "CERTIFICATE", ca.Raw),
-		ServerCert: writePEM(t, dir, "server.crt", "CERTIFICATE", srv.Raw),
-		ServerKey:  writeKey(t, dir, "server.key", srvKey),
-		ClientCert: writePEM(t, dir, "client.crt", "CERTIFICATE", cli.Raw),
-		ClientKey:  writeKey(t, dir, "client.key", cliKey),
-		RogueCert:  writePEM(t, dir, "rogue.crt", "CERTIFICATE", rc.Raw),
-		RogueKey:   writeKey(t, dir, "rogue.key", rcKey),
+		CA:         writeTLSPEM(t, dir, "ca.crt", "CERTIFICATE", ca.Raw),
+		ServerCert: writeTLSPEM(t, dir, "server.crt", "CERTIFICATE", srv.Raw),
+		ServerKey:  writeTLSKey(t, dir, "server.key", srvKey),
+		ClientCert: writeTLSPEM(t, dir, "client.crt", "CERTIFICATE", cli.Raw),
+		ClientKey:  writeTLSKey(t, dir, "client.key", cliKey),
+		RogueCert:  writeTLSPEM(t, dir, "rogue.crt", "CERTIFICATE", rc.Raw),
+		RogueKey:   writeTLSKey(t, dir, "rogue.key", rcKey),
 	}
 	return f
 }
 
-func newCert(t testing.TB, cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, isCA bool) (*x509.Certificate, *ecdsa.PrivateKey) {
+func newTLSCert(t testing.TB, cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, isCA bool) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -78,7 +78,7 @@ func newCert(t testing.TB, cn string, parent *x509.Certificate, parentKey *ecdsa
 	return c, key
 }
 
-func writePEM(t testing.TB, dir, name, typ string, der []byte) string {
+func writeTLSPEM(t testing.TB, dir, name, typ string, der []byte) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
@@ -87,11 +87,11 @@ func writePEM(t testing.TB, dir, name, typ string, der []byte) string {
 	return p
 }
 
-func writeKey(t testing.TB, dir, name string, key *ecdsa.PrivateKey) string {
+func writeTLSKey(t testing.TB, dir, name string, key *ecdsa.PrivateKey) string {
 	t.Helper()
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return writePEM(t, dir, name, "PRIVATE KEY", der)
+	return writeTLSPEM(t, dir, name, "PRIVATE KEY", der)
 }
