@@ -30,7 +30,7 @@ demo: build
 
 # Three etcd members, three listeners: joins through each, a rotation, a kill.
 demo-ha: build
-	$(GO) build -o $(BIN)/etcd go.etcd.io/etcd/server/v3
+	$(GO) build -o $(BIN)/etcd ./internal/store/etcdtest/etcdmain
 	./scripts/demo-ha.sh
 
 # Figures for the issue notes: join latency, listener CPU per join against

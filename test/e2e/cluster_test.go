@@ -5,142 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/secretscan"
 	"github.com/stratumjoin/stratum/internal/store/etcdtest"
 	"github.com/stratumjoin/stratum/pki"
 )
-
-// etcdMembers is an etcd cluster of real processes on loopback, serving
-// clients over TLS with client certificate authentication.
-type etcdMembers struct {
-	hosts []string // client host:port
-	dirs  []string // data directories
-	files etcdtest.TLSFiles
-}
-
-var buildEtcd = sync.OnceValue(func() error {
-	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "etcd"), "go.etcd.io/etcd/server/v3")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build etcd: %w\n%s", err, out)
-	}
-	return nil
-})
-
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startEtcdProcs runs n etcd members built from the etcd Go module.
-func startEtcdProcs(t *testing.T, n int) *etcdMembers {
-	t.Helper()
-	if err := buildEtcd(); err != nil {
-		t.Fatal(err)
-	}
-	m := &etcdMembers{files: etcdtest.WriteTLSFiles(t, t.TempDir())}
-	var peers []string
-	var initial []string
-	for i := range n {
-		m.hosts = append(m.hosts, freeTCP(t))
-		peers = append(peers, "http://"+freeTCP(t))
-		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
-		m.dirs = append(m.dirs, filepath.Join(t.TempDir(), fmt.Sprintf("etcd%d", i)))
-	}
-	for i := range n {
-		cmd := exec.Command(filepath.Join(binDir, "etcd"), "--name", fmt.Sprintf("m%d", i), "--data-dir", m.dirs[i],
-			"--listen-client-urls", "https://"+m.hosts[i], "--advertise-client-urls", "https://"+m.hosts[i],
-			"--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
-			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-			"--cert-file", m.files.ServerCert, "--key-file", m.files.ServerKey, "--trusted-ca-file", m.files.CA, "--client-cert-auth",
-			"--log-level", "error")
-		log, err := os.Create(m.dirs[i] + ".log")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-			log.Close()
-		})
-	}
-	return m
-}
-
-func (m *etcdMembers) client(t *testing.T, user, password string) *clientv3.Client {
-	t.Helper()
-	tc, err := transport.TLSInfo{CertFile: m.files.ClientCert, KeyFile: m.files.ClientKey, TrustedCAFile: m.files.CA}.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var eps []string
-	for _, h := range m.hosts {
-		eps = append(eps, "https://"+h)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, TLS: tc, DialTimeout: 5 * time.Second, Username: user, Password: password, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
-// enableAuth makes a root user and a user "stratum" that may read and
-// write prefix, then turns etcd's authentication on.
-func (m *etcdMembers) enableAuth(t *testing.T, prefix, password string) {
-	t.Helper()
-	cli := m.client(t, "", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	// the members elect a leader first
-	for {
-		if _, err := cli.Get(ctx, "probe"); err == nil {
-			break
-		} else if ctx.Err() != nil {
-			t.Fatalf("etcd members not up: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for _, step := range []func() error{
-		func() error { _, err := cli.UserAdd(ctx, "root", "root-pw"); return err },
-		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
-		func() error { _, err := cli.UserAdd(ctx, "stratum", password); return err },
-		func() error { _, err := cli.RoleAdd(ctx, "stratum"); return err },
-		func() error {
-			_, err := cli.RoleGrantPermission(ctx, "stratum", prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermReadWrite))
-			return err
-		},
-		func() error { _, err := cli.UserGrantRole(ctx, "stratum", "stratum"); return err },
-		func() error { _, err := cli.AuthEnable(ctx); return err },
-	} {
-		if err := step(); err != nil {
-			t.Fatalf("etcd auth setup: %v", err)
-		}
-	}
-}
 
 // clusterListener is a listener process of the cluster.
 func clusterListener(t *testing.T, data string, serveArgs []string) *listenerProc {
@@ -255,15 +132,20 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds etcd and runs six processes")
 	}
-	etcd := startEtcdProcs(t, 3)
-	etcd.enableAuth(t, "/ha/", "stratum-pw")
+	etcd := etcdtest.StartProcs(t, 3, etcdtest.WithClientCertAuth(), etcdtest.WithAuth("root-pw"))
 	dir := t.TempDir()
 	pw := filepath.Join(dir, "etcd-password")
-	if err := os.WriteFile(pw, []byte("stratum-pw\n"), 0o600); err != nil {
+	if err := os.WriteFile(pw, []byte("root-pw\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	storeURL := "etcds://" + strings.Join(etcd.hosts, ",") + "/ha"
-	etcdFlags := []string{"--store", storeURL, "--etcd-cacert", etcd.files.CA, "--etcd-cert", etcd.files.ClientCert, "--etcd-key", etcd.files.ClientKey, "--etcd-user", "stratum", "--etcd-password-file", pw}
+	var hosts, dataDirs []string
+	for _, m := range etcd.Members {
+		hosts = append(hosts, strings.TrimPrefix(m.ClientURL, "https://"))
+		dataDirs = append(dataDirs, m.DataDir)
+	}
+	rogue := etcdtest.WriteTLSFiles(t, t.TempDir())
+	storeURL := "etcds://" + strings.Join(hosts, ",") + "/ha"
+	etcdFlags := []string{"--store", storeURL, "--etcd-cacert", etcd.CAFile, "--etcd-cert", etcd.ClientCertFile, "--etcd-key", etcd.ClientKeyFile, "--etcd-user", etcd.User, "--etcd-password-file", pw}
 	eps := []string{freeUDP(t), freeUDP(t), freeUDP(t)}
 	data := []string{filepath.Join(dir, "l1"), filepath.Join(dir, "l2"), filepath.Join(dir, "l3")}
 	listenerCmd := func(args ...string) *exec.Cmd {
@@ -410,7 +292,7 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"a client certificate of another CA", []string{"--etcd-cert", etcd.files.RogueCert, "--etcd-key", etcd.files.RogueKey}, "refused our client certificate"},
+		{"a client certificate of another CA", []string{"--etcd-cert", rogue.RogueCert, "--etcd-key", rogue.RogueKey}, "refused our client certificate"},
 		{"a wrong password", []string{"--etcd-password-file", bad}, "rejected user"},
 	} {
 		args := append([]string{"serve", "--data", data[0], "--listen", eps[0], "--admin-socket", filepath.Join(dir, "x.sock")}, etcdFlags...)
@@ -436,7 +318,7 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 	needles := append(append(oldNeedles, newNeedles...), secretscan.Windows("cluster.kek", k[:], 24)...)
 	needles = append(needles, secretscan.Needle{Name: "cluster.kek file", Bytes: raw[:48]})
 	snap := filepath.Join(dir, "snapshot.db")
-	root := etcd.client(t, "root", "root-pw")
+	root := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rd, err := root.Snapshot(ctx)
@@ -457,7 +339,7 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	control := secretscan.Windows("public root", roots[0].Raw[:64], 24)
-	for _, where := range append(etcd.dirs, snap) {
+	for _, where := range append(dataDirs, snap) {
 		hits, err := secretscan.Tree(where, needles)
 		if err != nil {
 			t.Fatal(err)
