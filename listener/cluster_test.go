@@ -188,3 +188,50 @@ func TestAgentFailsOverToTheNextEndpoint(t *testing.T) {
 		t.Fatalf("renewal with the first endpoint down: %v (through %s)", err, renewed.Endpoint)
 	}
 }
+
+// TestConcurrentRotationsConverge: two listeners rotating at the same
+// moment end up serving one CA, the one the store holds; a rotation that
+// lost its compare-and-swap says so.
+func TestConcurrentRotationsConverge(t *testing.T) {
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "shared.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	a := listenertest.Start(t, listenertest.Options{Init: listener.InitConfig{Store: st}, Config: listener.Config{Store: st}})
+	kek := filepath.Join(a.DataDir, "keys", listener.KEKFile)
+	b := listenertest.Start(t, listenertest.Options{Init: listener.InitConfig{Store: st, Join: true, KEKFile: kek}, Config: listener.Config{Store: st}})
+	type outcome struct {
+		fp  string
+		err error
+	}
+	for range 5 {
+		out := make(chan outcome, 2)
+		for _, l := range []*listenertest.Listener{a, b} {
+			go func() {
+				fp, err := l.RotateCA(context.Background(), "test")
+				out <- outcome{fp, err}
+			}()
+		}
+		var won []string
+		for range 2 {
+			o := <-out
+			switch {
+			case o.err == nil:
+				won = append(won, o.fp)
+			case !strings.Contains(o.err.Error(), "at the same moment"):
+				t.Fatalf("a losing rotation: %v", o.err)
+			}
+		}
+		if len(won) == 0 {
+			t.Fatal("neither rotation won")
+		}
+		// Two wins were sequential: the later one is the store's, and
+		// the one that finished last need not be it.
+		waitFor(t, "both serve one CA", func() bool {
+			_, fa := a.CA()
+			_, fb := b.CA()
+			return fa == fb && (len(won) == 2 || fa == won[0])
+		})
+	}
+}

@@ -291,8 +291,9 @@ func (l *Listener) reloadKeysLocked(ctx context.Context) error {
 }
 
 // publishLocked seals the key directory's identity into the store if the
-// record is still at rev.
-func (l *Listener) publishLocked(ctx context.Context, rev int64, actor string) (bool, error) {
+// record is still at rev, with the event ev (if any) in the same
+// transaction.
+func (l *Listener) publishLocked(ctx context.Context, rev int64, actor, eventType string, fields func(pub sharedPublic) map[string]string) (bool, error) {
 	pub, sec, err := readLocalIdentity(l.keys.Path, l.settings)
 	if err != nil {
 		return false, err
@@ -301,40 +302,61 @@ func (l *Listener) publishLocked(ctx context.Context, rev int64, actor string) (
 	if err != nil {
 		return false, err
 	}
-	return l.cluster.PutSharedIdentity(ctx, rec, rev, cluster.EventCARotated, actor, map[string]string{"caFingerprint": pub.CAFingerprint})
+	var f map[string]string
+	if fields != nil {
+		f = fields(pub)
+	}
+	return l.cluster.PutSharedIdentity(ctx, rec, rev, eventType, actor, f)
 }
 
-// rotateShared rotates the CA of a cluster: from the store's keys, then
-// back into the store under a compare-and-swap, so two listeners rotating
-// at once cannot both win; the loser takes the winner's keys.
-func (l *Listener) rotateShared(ctx context.Context, actor string) (string, error) {
+// changeSharedKeys is how a command changes the keys of a cluster (a
+// rotation; retiring a root): from the store's keys, change applied to the
+// key directory, then back into the store under a compare-and-swap, so two
+// listeners changing the keys at once cannot both win; the loser takes the
+// winner's keys. The event is written with the keys, in one transaction,
+// and every other listener applies the change through its watch.
+func (l *Listener) changeSharedKeys(ctx context.Context, actor, eventType string, fields func(pub sharedPublic) map[string]string, change func() error) error {
 	l.keysMu.Lock()
 	defer l.keysMu.Unlock()
 	if err := l.reloadKeysLocked(ctx); err != nil {
-		return "", err
+		return err
 	}
 	_, rev, err := l.cluster.SharedIdentity(ctx)
 	if err != nil {
-		return "", err
+		return err
 	}
-	if _, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now()); err != nil {
-		return "", fmt.Errorf("rotate ca: %w", err)
+	if err := change(); err != nil {
+		// the key directory may be half changed: take the store's again
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		return errors.Join(err, l.reloadKeysLocked(rctx))
 	}
-	ok, err := l.publishLocked(ctx, rev, actor)
+	ok, err := l.publishLocked(ctx, rev, actor, eventType, fields)
 	if err != nil || !ok {
-		// Whatever the store holds now is the cluster's CA: take it.
+		// Whatever the store holds now is the cluster's: take it.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if rerr := l.reloadKeysLocked(rctx); rerr != nil {
-			return "", errors.Join(err, rerr)
+			return errors.Join(err, rerr)
 		}
 		if err == nil {
-			err = errors.New("another listener rotated the CA at the same moment; its CA is now the cluster's")
+			err = errors.New("another listener changed the cluster's keys at the same moment; its change stands")
 		}
-		return "", fmt.Errorf("rotate ca: %w", err)
+		return err
 	}
-	if err := l.loadCA(); err != nil {
-		return "", err
+	return l.loadCA()
+}
+
+// rotateShared rotates the CA of a cluster (see changeSharedKeys).
+func (l *Listener) rotateShared(ctx context.Context, actor string) (string, error) {
+	err := l.changeSharedKeys(ctx, actor, cluster.EventCARotated,
+		func(pub sharedPublic) map[string]string { return map[string]string{"caFingerprint": pub.CAFingerprint} },
+		func() error {
+			_, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now())
+			return err
+		})
+	if err != nil {
+		return "", fmt.Errorf("rotate ca: %w", err)
 	}
 	_, fp := l.CA()
 	return fp, nil
