@@ -2,19 +2,14 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/stratumjoin/stratum/internal/store"
 )
 
-// Keys of what the listeners of one cluster share (docs/cluster.md).
-const (
-	// keySharedIdentity holds the cluster's keys sealed under the
-	// key-encryption key (package keyseal): never a key in clear.
-	keySharedIdentity = "cluster/identity"
-	// pfxEndpoint lists the endpoints agents may dial: cluster/endpoint/<host:port>.
-	pfxEndpoint = "cluster/endpoint/"
-)
+// What the listeners of one cluster share (docs/cluster.md): the sealed
+// identity record and the endpoints agents may dial.
 
 // SharedIdentity returns the sealed identity record and its revision; rev
 // is 0 when the store holds no cluster identity.
@@ -26,23 +21,33 @@ func (c *Cluster) SharedIdentity(ctx context.Context) (record []byte, rev int64,
 	return kv.Value, kv.Rev, nil
 }
 
+var errIdentityMoved = errors.New("cluster identity moved")
+
 // PutSharedIdentity replaces the sealed identity record if it is still at
-// rev (0: create it), and records ev when given. It reports whether it did.
+// rev (0: create it), with an event of eventType when given, in the same
+// transaction. It reports whether it did.
 func (c *Cluster) PutSharedIdentity(ctx context.Context, record []byte, rev int64, eventType, actor string, fields map[string]string) (bool, error) {
-	ops := []store.Op{{Key: keySharedIdentity, Value: record}}
-	var ev *Event
-	if eventType != "" {
-		e, op := c.newEvent(eventType, actor, fields)
-		ev, ops = &e, append(ops, op)
-	}
-	ok, err := c.store.Txn(ctx, []store.Cmp{{Key: keySharedIdentity, Rev: rev}}, ops)
-	if err != nil {
+	err := c.update(ctx, func(tx *txn) error {
+		kv, err := tx.get(keySharedIdentity)
+		if err != nil {
+			return err
+		}
+		if kv.Rev != rev {
+			return errIdentityMoved
+		}
+		tx.op(store.Op{Key: keySharedIdentity, Value: record})
+		if eventType != "" {
+			tx.event(eventType, actor, fields)
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errIdentityMoved):
+		return false, nil
+	case err != nil:
 		return false, fmt.Errorf("write cluster identity: %w", err)
 	}
-	if ok && ev != nil {
-		c.logEvents(*ev)
-	}
-	return ok, nil
+	return true, nil
 }
 
 // WatchSharedIdentity watches the identity record. ok is false when the
@@ -60,7 +65,14 @@ func (c *Cluster) WatchSharedIdentity(ctx context.Context) (ch <-chan struct{}, 
 // left alone.
 func (c *Cluster) AddEndpoints(ctx context.Context, endpoints []string) error {
 	for _, ep := range endpoints {
-		if _, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxEndpoint + ep}}, []store.Op{putString(pfxEndpoint+ep, ep)}); err != nil {
+		err := c.update(ctx, func(tx *txn) error {
+			if _, found, err := tx.getString(endpointKey(ep)); err != nil || found {
+				return err
+			}
+			tx.putString(endpointKey(ep), ep)
+			return nil
+		})
+		if err != nil {
 			return fmt.Errorf("record endpoint %s: %w", ep, err)
 		}
 	}
