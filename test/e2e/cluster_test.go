@@ -20,14 +20,14 @@ import (
 )
 
 // clusterListener is a listener process of the cluster.
-func clusterListener(t *testing.T, data string, serveArgs []string) *listenerProc {
+func clusterListener(t *testing.T, data string, serveArgs, env []string) *listenerProc {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("/tmp", "sje2e")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &listenerProc{t: t, data: data, sock: filepath.Join(sockDir, "admin.sock"), endpoint: settingsEndpoint(t, data), serveArgs: serveArgs}
+	p := &listenerProc{t: t, data: data, sock: filepath.Join(sockDir, "admin.sock"), endpoint: settingsEndpoint(t, data), serveArgs: serveArgs, env: env}
 	p.start()
 	t.Cleanup(p.stop)
 	return p
@@ -178,10 +178,16 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Listeners 1 and 2 take the etcd settings as flags, listener 3 from
+	// the environment, as a unit's environment file gives them.
 	var ls []*listenerProc
-	for i := range 3 {
-		ls = append(ls, clusterListener(t, data[i], etcdFlags))
+	for i := range 2 {
+		ls = append(ls, clusterListener(t, data[i], etcdFlags, nil))
 	}
+	ls = append(ls, clusterListener(t, data[2], nil, []string{
+		"STRATUM_STORE=" + storeURL, "STRATUM_ETCD_CACERT=" + etcd.CAFile, "STRATUM_ETCD_CERT=" + etcd.ClientCertFile,
+		"STRATUM_ETCD_KEY=" + etcd.ClientKeyFile, "STRATUM_ETCD_USER=" + etcd.User, "STRATUM_ETCD_PASSWORD_FILE=" + pw,
+	}))
 	fp := ls[0].caFingerprint()
 	for i, l := range ls[1:] {
 		if got := l.caFingerprint(); got != fp {

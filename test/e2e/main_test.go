@@ -33,8 +33,10 @@ type listenerProc struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	logs     []string // stderr of earlier runs
-	// serveArgs are added to `serve` (a shared store, etcd flags).
+	// serveArgs are added to `serve` (a shared store, etcd flags), env
+	// to its environment.
 	serveArgs []string
+	env       []string
 }
 
 func newListener(t *testing.T, extraInit ...string) *listenerProc {
@@ -56,6 +58,9 @@ func (p *listenerProc) start() {
 	p.stderr = new(bytes.Buffer)
 	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug")
 	p.cmd.Args = append(p.cmd.Args, p.serveArgs...)
+	if p.env != nil {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
