@@ -194,6 +194,13 @@ func rootsHold(rootsPEM, fp string) bool {
 	return false
 }
 
+// lockedSettings copies the settings under the lock SetEndpoint takes.
+func (l *Listener) lockedSettings() Settings {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.settings
+}
+
 // joinCommandHint is how a listener is added to the cluster in a store.
 const joinCommandHint = "stratum-listener init --join --kek FILE --store URL --data DIR --endpoint HOST:PORT"
 
@@ -225,7 +232,7 @@ func (l *Listener) checkSharedIdentity(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("refusing to serve: the cluster identity in the store does not open: %w", err)
 	}
-	local, lsec, err := readLocalIdentity(l.keys.Path, l.settings)
+	local, lsec, err := readLocalIdentity(l.keys.Path, l.lockedSettings())
 	if err != nil {
 		return fmt.Errorf("read this listener's keys: %w", err)
 	}
@@ -238,7 +245,7 @@ func (l *Listener) checkSharedIdentity(ctx context.Context) error {
 		return fmt.Errorf("refusing to serve: this listener's CA (fingerprint %s) is not the cluster's (%s) nor one it rotated from; re-create it with `%s`", local.CAFingerprint, pub.CAFingerprint, joinCommandHint)
 	}
 	l.kek = &kek
-	if err := l.cluster.AddEndpoints(ctx, l.settings.Endpoints); err != nil {
+	if err := l.cluster.AddEndpoints(ctx, l.lockedSettings().Endpoints); err != nil {
 		return err
 	}
 	if !sameIdentity(local, lsec, pub, sec) {
@@ -276,7 +283,7 @@ func (l *Listener) reloadKeysLocked(ctx context.Context) error {
 	if !bytes.Equal(sec.OPAQUE, l.opaqueRaw) {
 		return errors.New("reload keys: the cluster's OPAQUE keys in the store changed; this listener keeps serving with its own: restart it to check them")
 	}
-	local, lsec, err := readLocalIdentity(l.keys.Path, l.settings)
+	local, lsec, err := readLocalIdentity(l.keys.Path, l.lockedSettings())
 	if err == nil && sameIdentity(local, lsec, pub, sec) {
 		return nil
 	}
@@ -294,7 +301,7 @@ func (l *Listener) reloadKeysLocked(ctx context.Context) error {
 // record is still at rev, with the event ev (if any) in the same
 // transaction.
 func (l *Listener) publishLocked(ctx context.Context, rev int64, actor, eventType string, fields func(pub sharedPublic) map[string]string) (bool, error) {
-	pub, sec, err := readLocalIdentity(l.keys.Path, l.settings)
+	pub, sec, err := readLocalIdentity(l.keys.Path, l.lockedSettings())
 	if err != nil {
 		return false, err
 	}
