@@ -156,6 +156,10 @@ type ProveRequest struct {
 	// offered none; RequireTPM says the secret's pool demands one.
 	TPM        *TPMVerdict
 	RequireTPM bool
+	// TPMRefusal, when set, is why the agent's attestation was refused:
+	// the join is refused with JOIN_TPM_REQUIRED in the transaction, so
+	// the attempt is un-counted and no use is spent.
+	TPMRefusal string
 }
 
 // Outcome is what a proven join leads to.
@@ -244,6 +248,9 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 	}
 	if s.CAFingerprint != req.CurrentCA {
 		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+	}
+	if req.TPMRefusal != "" {
+		return c.refuse(tx, s, wire.CodeTPMRequired, req.TPMRefusal, nil), nil
 	}
 	if req.RequireTPM && req.TPM == nil {
 		return c.refuse(tx, s, wire.CodeTPMRequired, "this pool requires TPM attestation, and this agent offered none (run it on a machine with a TPM, or give it --tpm)", nil), nil

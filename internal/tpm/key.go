@@ -191,3 +191,22 @@ func hashAlg(h crypto.Hash) (tpm2.TPMIAlgHash, error) {
 	}
 	return 0, fmt.Errorf("the TPM key signs SHA-256, SHA-384 or SHA-512 digests, not %v", h)
 }
+
+// ReadPublic loads the key and returns its public key as the TPM reports
+// it (TPM2_ReadPublic), not as the blob says.
+func (t *TPM) ReadPublic(b Blobs) (*ecdsa.PublicKey, error) {
+	h, err := t.load(b)
+	if err != nil {
+		return nil, err
+	}
+	defer t.flush(h.Handle)
+	rsp, err := tpm2.ReadPublic{ObjectHandle: h.Handle}.Execute(t)
+	if err != nil {
+		return nil, fmt.Errorf("read public: %w", err)
+	}
+	area, err := rsp.OutPublic.Contents()
+	if err != nil {
+		return nil, fmt.Errorf("read public: %w", err)
+	}
+	return eccPublic(area)
+}
