@@ -353,6 +353,15 @@ func nodesCommand() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "node     %s (%s)\nrole     %s\ntrust    %s\npool     %s\njoined   %s with %s\ncert     serial %s until %s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.JoinedAt.Format(time.RFC3339), n.SecretID, n.CertSerial, n.NotAfter.Format(time.RFC3339))
+			if a := n.Attested; a != nil {
+				chain := "EK certificate not checked (the listener has no --tpm-ca-dir)"
+				if a.EKCertVerified {
+					chain = "EK certificate verified, issued by " + a.EKIssuer
+				}
+				fmt.Fprintf(w, "attested by its TPM: the node key lives in the TPM\n  %-13s %s\n  %-13s %s\n", "ek sha-256", a.EKHash, "ek chain", chain)
+			} else {
+				fmt.Fprintln(w, "attested nothing (no TPM)")
+			}
 			fmt.Fprintln(w, "facts    claimed by the machine at join, not attested:")
 			f := n.Facts
 			for _, kv := range [][2]string{{"product uuid", f.ProductUUID}, {"serial", f.Serial}, {"board serial", f.BoardSerial}, {"vendor", f.Vendor}, {"product", f.ProductName}, {"hostname", f.Hostname}, {"macs", strings.Join(f.MACs, " ")}, {"gpus", strings.Join(f.GPUUUIDs, " ")}} {
