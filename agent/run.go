@@ -54,7 +54,7 @@ type RunConfig struct {
 	RenewConfig func(*RenewConfig)
 	// OnRetry, when set, is told of each wait before a join or renewal is
 	// tried again: attempt counts from 0, err is what failed.
-	OnRetry func(attempt int, wait time.Duration, err error)	// TPM locates the TPM to keep the node key in (docs/tpm.md); "" for
+	OnRetry func(attempt int, wait time.Duration, err error) // TPM locates the TPM to keep the node key in (docs/tpm.md); "" for
 	// a key file. A node that joined with a TPM renews with it.
 	TPM string
 }

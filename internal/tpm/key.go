@@ -165,9 +165,9 @@ func (k *Key) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, 
 	}
 	defer k.tpm.flush(h.Handle)
 	rsp, err := tpm2.Sign{
-		KeyHandle: h,
-		Digest:    tpm2.TPM2BDigest{Buffer: digest},
-		InScheme: tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: alg})},
+		KeyHandle:  h,
+		Digest:     tpm2.TPM2BDigest{Buffer: digest},
+		InScheme:   tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: alg})},
 		Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
 	}.Execute(k.tpm)
 	if err != nil {
