@@ -244,10 +244,13 @@ func (a *Attestation) Answer(ch Challenge) (Answer, error) {
 	return Answer{Secret: act.CertInfo.Buffer, CertifyInfo: cert.CertifyInfo.Bytes(), Signature: tpm2.Marshal(cert.Signature)}, nil
 }
 
-// Close flushes the EK and the AK.
+// Close flushes what the attestation holds loaded; a second Close does
+// nothing.
 func (a *Attestation) Close() {
-	if a.ek.Handle != 0 {
-		a.t.flush(a.ek.Handle)
+	for _, h := range []*tpm2.NamedHandle{&a.ek, &a.ak} {
+		if h.Handle != 0 {
+			a.t.flush(h.Handle)
+			*h = tpm2.NamedHandle{}
+		}
 	}
-	a.t.flush(a.ak.Handle)
 }
