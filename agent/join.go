@@ -54,6 +54,7 @@ type JoinConfig struct {
 	TPM string
 
 	attestation *tpm.Attestation // the TPM's claim, sent with the Proof
+	csr         []byte           // made before the attestation
 }
 
 // Errors a join can end with. RefusedError carries the listener's reason.
@@ -123,6 +124,11 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	}
 	if tp != nil {
 		defer tp.Close()
+		// the CSR first: the attestation then holds TPM slots until the
+		// answer
+		if cfg.csr, err = CSR(key); err != nil {
+			return nil, err
+		}
 		att, err := tp.Attest(key.(*tpm.Key).Blobs())
 		if err != nil {
 			return nil, err
@@ -221,9 +227,11 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotAuthentic, err)
 	}
-	csr, err := CSR(key)
-	if err != nil {
-		return nil, err
+	csr := cfg.csr
+	if csr == nil {
+		if csr, err = CSR(key); err != nil {
+			return nil, err
+		}
 	}
 	proof := &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}
 	if cfg.attestation != nil {

@@ -69,8 +69,8 @@ var akTemplate = tpm2.TPMTPublic{
 	}),
 }
 
-// Attestation is one attestation in progress on the agent: the AK stays
-// loaded until Close.
+// Attestation is one attestation in progress on the agent: the EK and the
+// AK stay loaded until the answer or Close.
 type Attestation struct {
 	t      *TPM
 	ek, ak tpm2.NamedHandle
@@ -182,20 +182,20 @@ func (t *TPM) Attest(key Blobs) (*Attestation, error) {
 	if err != nil {
 		return nil, err
 	}
-	// the EK is made again for the answer: a TPM without a resource
-	// manager has three object slots, and signing the CSR in between
-	// needs two besides the AK
+	// The EK and the AK stay loaded until the answer: a TPM without a
+	// resource manager has three object slots, so sign nothing with the
+	// node key in between (it takes two more); make the CSR first.
 	ek, ekPub, err := t.ek()
 	if err != nil {
 		return nil, err
 	}
-	t.flush(ek.Handle)
 	ak, err := tpm2.CreatePrimary{PrimaryHandle: tpm2.TPMRHEndorsement, InPublic: tpm2.New2B(akTemplate)}.Execute(t)
 	if err != nil {
+		t.flush(ek.Handle)
 		return nil, fmt.Errorf("create attestation key: %w", err)
 	}
 	return &Attestation{
-		t: t, ak: tpm2.NamedHandle{Handle: ak.ObjectHandle, Name: ak.Name}, key: key,
+		t: t, ek: ek, ak: tpm2.NamedHandle{Handle: ak.ObjectHandle, Name: ak.Name}, key: key,
 		Claim: Claim{EKPublic: ekPub, EKCert: cert, AKPublic: tpm2.Marshal(ak.OutPublic), KeyPublic: key.Public},
 	}, nil
 }
@@ -210,11 +210,9 @@ func ekPolicy(t transport.TPM, h tpm2.TPMISHPolicy, nonceTPM tpm2.TPM2BNonce) er
 // Answer recovers the credential's secret and certifies the node key with
 // the AK over the challenge's nonce.
 func (a *Attestation) Answer(ch Challenge) (Answer, error) {
-	ek, _, err := a.t.ek()
-	if err != nil {
-		return Answer{}, err
+	if a.ek.Handle == 0 {
+		return Answer{}, errors.New("attestation already answered")
 	}
-	a.ek = ek
 	act, err := tpm2.ActivateCredential{
 		ActivateHandle: tpm2.AuthHandle{Handle: a.ak.Handle, Name: a.ak.Name, Auth: tpm2.PasswordAuth(nil)},
 		KeyHandle:      tpm2.AuthHandle{Handle: a.ek.Handle, Name: a.ek.Name, Auth: tpm2.Policy(tpm2.TPMAlgSHA256, 16, ekPolicy)},
