@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -169,5 +170,34 @@ pools:
 	}
 	if _, err := agent.Join(ctx, agent.JoinConfig{StateDir: t.TempDir(), Endpoint: l.Endpoint, Secret: sec, TPM: a.Locator()}); err != nil {
 		t.Fatalf("a TPM in a requireTPM pool: %v", err)
+	}
+}
+
+// TestTPMRunStopsWhenTPMCleared: the service joins through the TPM; the TPM
+// is cleared; at renewal time the service stops with a sentence that says
+// what happened and what to do, and records it for `status`.
+func TestTPMRunStopsWhenTPMCleared(t *testing.T) {
+	sim := swtpmtest.Start(t)
+	clock := newFakeClock()
+	l := fakeTimeListener(t, clock)
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	a := startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "state"), clock, func(c *agent.RunConfig) { c.TPM = sim.Locator() })
+	a.waitReady(t, 30*time.Second)
+	id := a.identity(t)
+	if id.TPM != sim.Locator() {
+		t.Fatalf("node.json tpm %q", id.TPM)
+	}
+	sim.Clear()
+	clock.waitWaiters(t, 1)
+	clock.Advance(id.NotAfter.Sub(clock.Now()) * 4 / 5)
+	err := a.result(t, 30*time.Second)
+	if !errors.Is(err, tpm.ErrKeyNotLoadable) {
+		t.Fatalf("Run returned %v, want the key not loadable", err)
+	}
+	if last := a.notes.last(); !strings.HasPrefix(last, "STATUS failed: ") || !strings.Contains(last, "cleared") {
+		t.Fatalf("last status %q", last)
+	}
+	if got := a.identity(t); !strings.Contains(got.LastError, "join again with a new code") {
+		t.Fatalf("node.json after the failure: %+v", got)
 	}
 }
