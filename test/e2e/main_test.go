@@ -33,8 +33,8 @@ type listenerProc struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	logs     []string // stderr of earlier runs
-	// serveArgs are added to `serve` (a shared store, etcd flags), env
-	// to its environment.
+	// serveArgs are added to serve at the next start; env to its
+	// environment.
 	serveArgs []string
 	env       []string
 }
@@ -56,8 +56,7 @@ func newListener(t *testing.T, extraInit ...string) *listenerProc {
 func (p *listenerProc) start() {
 	p.t.Helper()
 	p.stderr = new(bytes.Buffer)
-	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug")
-	p.cmd.Args = append(p.cmd.Args, p.serveArgs...)
+	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug"}, p.serveArgs...)...)
 	if p.env != nil {
 		p.cmd.Env = append(os.Environ(), p.env...)
 	}
