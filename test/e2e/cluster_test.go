@@ -89,12 +89,19 @@ func machine(t *testing.T, name string) (state, root string) {
 // returns the state directory and how long the join took.
 func joinVia(t *testing.T, code string, endpoints ...string) (string, time.Duration) {
 	t.Helper()
+	return joinWith(t, code, nil, endpoints...)
+}
+
+// joinWith is joinVia with more environment (STRATUM_ENDPOINT).
+func joinWith(t *testing.T, code string, env []string, endpoints ...string) (string, time.Duration) {
+	t.Helper()
 	state, root := machine(t, "state")
 	args := []string{"join", "--code", "-", "--state", state, "--root", root}
 	for _, ep := range endpoints {
 		args = append(args, "--endpoint", ep)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "stratum-agent"), args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(code + "\n")
 	start := time.Now()
 	rc, out := exitOf(cmd)
@@ -287,6 +294,26 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 		t.Fatalf("failover join: uses %d, failed %d", after.Uses, after.FailedAttempts)
 	}
 	t.Logf("figure: join with the first of three endpoints down took %v", took.Round(time.Millisecond))
+	// The same with the endpoints as the unit's environment file gives them.
+	ls[2].adminJSON(&code, "codes", "create")
+	state, _ := joinWith(t, code.Code, []string{"STRATUM_ENDPOINT=" + eps[0] + ", " + eps[1] + " " + eps[2]})
+	if n, _ := readNode(t, state); n.Endpoint != eps[1] {
+		t.Fatalf("STRATUM_ENDPOINT list: joined through %s, want %s", n.Endpoint, eps[1])
+	}
+	ls[2].adminJSON(&after, "codes", "show", code.ID)
+	if after.Uses != 1 || after.FailedAttempts != 0 {
+		t.Fatalf("failover join from STRATUM_ENDPOINT: uses %d, failed %d", after.Uses, after.FailedAttempts)
+	}
+
+	// A listener with keys of its own refuses to serve on the cluster's store.
+	own := filepath.Join(dir, "own")
+	run(t, nil, "stratum-listener", "init", "--data", own, "--light-ksf", "--endpoint", freeUDP(t))
+	ownCtx, ownCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	rc, out = exitOf(exec.CommandContext(ownCtx, filepath.Join(binDir, "stratum-listener"), append([]string{"serve", "--data", own, "--listen", freeUDP(t), "--admin-socket", filepath.Join(dir, "own.sock")}, etcdFlags...)...))
+	ownCancel()
+	if rc != 1 || !strings.Contains(out, "refusing to serve") || !strings.Contains(out, "init --join") {
+		t.Errorf("a listener with its own keys on the cluster's store: exit %d\n%s", rc, out)
+	}
 
 	// Wrong etcd credentials: the listener exits at once with the reason.
 	bad := filepath.Join(dir, "bad-password")
