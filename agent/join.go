@@ -26,6 +26,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/tpm"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
@@ -37,8 +38,11 @@ const MaxPAKEFailures = 3
 // JoinConfig is what one join needs.
 type JoinConfig struct {
 	StateDir string
-	Endpoint string
-	Secret   joincode.Secret
+	// Endpoint, then Endpoints, are the listeners of the cluster: the agent
+	// fails over from one to the next while none has answered.
+	Endpoint  string
+	Endpoints []string
+	Secret    joincode.Secret
 	// CAFingerprint, when set, must match the root learned through the PAKE.
 	CAFingerprint string
 	Facts         wire.Facts
@@ -50,6 +54,12 @@ type JoinConfig struct {
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// TPM locates the TPM that holds the node key (a device path, or
+	// "sim:HOST:PORT"); "" keeps the key in a file (docs/tpm.md).
+	TPM string
+
+	attestation *tpm.Attestation // the TPM's claim, sent with the Proof
+	csr         []byte           // made before the attestation
 }
 
 // Errors a join can end with. RefusedError carries the listener's reason.
@@ -119,29 +129,55 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	} else if n >= MaxPAKEFailures {
 		return nil, ErrGaveUp
 	}
-	key, err := st.Key()
+	key, tp, err := st.nodeKey(cfg.TPM)
 	if err != nil {
 		return nil, err
 	}
 	// The nonce is on disk before the Hello leaves: if this process or
-	// the listener dies mid-join, the next proof claims the attempt back.
+	// the listener dies mid-join, the next attempt resumes it or a proof
+	// claims it back.
 	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator)
 	if err != nil {
 		return nil, err
 	}
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	conn, err := cfg.Dial(dctx, cfg.Endpoint, &tls.Config{
+	if tp != nil {
+		defer tp.Close()
+		// the CSR first: the attestation then holds TPM slots until the
+		// answer
+		if cfg.csr, err = CSR(key); err != nil {
+			return nil, err
+		}
+		att, err := tp.Attest(key.(*tpm.Key).Blobs())
+		if err != nil {
+			return nil, err
+		}
+		defer att.Close()
+		cfg.attestation = att
+	}
+	tlsConf := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{wire.ALPNJoin},
 		// The CA is not known yet: it is learned through the PAKE, and
 		// the certificate is checked against it before anything but the
 		// OPAQUE messages is sent.
 		InsecureSkipVerify: true,
-	}, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second})
-	cancel()
+	}
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second}
+	// Nothing of the join is sent before a handshake completes, so an
+	// endpoint that is down costs no attempt.
+	conn, ep, err := dialFirst(ctx, endpointList(cfg.Endpoint, cfg.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+		return cfg.Dial(dctx, ep, tlsConf.Clone(), qconf.Clone())
+	})
 	if err != nil {
 		return nil, &UnreachableError{err}
 	}
+	if ep != cfg.Endpoint {
+		cfg.Logger.Info("joining through another endpoint", "endpoint", ep)
+	}
+	cfg.Endpoints = endpointList(ep, endpointList(cfg.Endpoint, cfg.Endpoints))
+	cfg.Endpoint = ep
 	defer conn.CloseWithError(0, "")
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends, or a stop while the join waits for approval would
@@ -285,22 +321,25 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotAuthentic, err)
 	}
-	csr, err := CSR(key)
-	if err != nil {
-		return nil, err
+	csr := cfg.csr
+	if csr == nil {
+		if csr, err = CSR(key); err != nil {
+			return nil, err
+		}
 	}
 	// The nonces go only to a listener that proved the code and chains to
 	// its CA.
-	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts, Refunds: claim.earlier}); err != nil {
+	proof := &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts, Refunds: claim.earlier}
+	if cfg.attestation != nil {
+		proof.TPM = claimOf(cfg.attestation.Claim)
+	}
+	if err := wire.Write(str, proof); err != nil {
 		return nil, &UnreachableError{err}
 	}
-	for {
+	for att := cfg.attestation; ; att = nil {
 		var res wire.Result
-		if err := wire.Read(str, &res); err != nil {
-			if errors.Is(err, wire.ErrFrame) {
-				return nil, fmt.Errorf("listener sent a malformed result: %w", err)
-			}
-			return nil, &UnreachableError{err}
+		if err := readResult(str, att, &res); err != nil {
+			return nil, err
 		}
 		switch res.Status {
 		case wire.StatusPending:
@@ -347,9 +386,9 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 	now := cfg.Now().UTC()
 	fp := sha256.Sum256(learnedRoot.Raw)
 	id := Identity{
-		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, TrustDomain: trustDomain,
+		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, Endpoints: cfg.Endpoints, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
-		JoinedAt: now, Host: res.Host,
+		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
 	}
 	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id); err != nil {
 		return nil, err

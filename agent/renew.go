@@ -23,6 +23,9 @@ type RenewConfig struct {
 	// accepts and then hangs cannot stall the service loop.
 	DialTimeout time.Duration
 	Timeout     time.Duration
+	// TPM locates the TPM that holds the node key when it is not where
+	// the node joined with (node.json's tpm).
+	TPM string
 }
 
 // Renew exchanges the node's current certificate (even one that expired
@@ -46,9 +49,17 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 	if !ok {
 		return id, &localError{errors.New("not joined")}
 	}
-	key, err := st.Key()
+	locator := cfg.TPM
+	if locator == "" {
+		locator = id.TPM
+	}
+	key, tp, err := st.nodeKey(locator)
 	if err != nil {
 		return id, &localError{err}
+	}
+	if tp != nil {
+		defer tp.Close()
+		id.TPM = locator
 	}
 	chain, err := st.Chain()
 	if err != nil {
@@ -74,12 +85,18 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 			return err
 		},
 	}
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	conn, err := quic.DialAddr(dctx, id.Endpoint, tlsConf, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second})
-	cancel()
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second}
+	conn, ep, err := dialFirst(ctx, endpointList(id.Endpoint, id.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+		return quic.DialAddr(dctx, ep, tlsConf.Clone(), qconf.Clone())
+	})
 	if err != nil {
 		return id, &UnreachableError{err}
 	}
+	// The endpoint that answered is tried first next time.
+	id.Endpoints = endpointList(ep, endpointList(id.Endpoint, id.Endpoints))
+	id.Endpoint = ep
 	defer conn.CloseWithError(0, "")
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends so that a stop interrupts a read in flight.

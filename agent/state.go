@@ -30,10 +30,13 @@ const (
 
 // Identity is node.json: what the agent knows about itself.
 type Identity struct {
-	NodeID        string    `json:"nodeId"`
-	Role          string    `json:"role"`
-	Trust         string    `json:"trust"`
-	Endpoint      string    `json:"endpoint"`
+	NodeID   string `json:"nodeId"`
+	Role     string `json:"role"`
+	Trust    string `json:"trust"`
+	Endpoint string `json:"endpoint"`
+	// Endpoints are every listener the node may renew through, Endpoint
+	// (the last that answered) first.
+	Endpoints     []string  `json:"endpoints,omitempty"`
 	TrustDomain   string    `json:"trustDomain"`
 	CAFingerprint string    `json:"caFingerprint"`
 	NotAfter      time.Time `json:"notAfter"`
@@ -44,6 +47,8 @@ type Identity struct {
 	LastRenewal *time.Time `json:"lastRenewal"`
 	LastError   string     `json:"lastError"`
 	Host        *wire.Host `json:"host,omitempty"`
+	// TPM locates the TPM that holds the node key; "" for a key file.
+	TPM string `json:"tpm,omitempty"`
 }
 
 // State is the agent's state directory (0700).

@@ -62,7 +62,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand())
 	return root
 }
 
@@ -142,15 +142,22 @@ func joinCommand() *cobra.Command {
 	var cfg agent.JoinConfig
 	var code, codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var verbose bool
+	var endpoints []string
 	cmd := &cobra.Command{
-		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
+		Use:   "join --endpoint HOST:PORT [--endpoint HOST:PORT...] (--code-file F | --code - | --code CODE)",
 		Short: "join this machine once and write its identity to the state directory",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cfg.Endpoint == "" {
-				return usage("--endpoint is required")
+			eps := splitAll(endpoints)
+			if len(eps) == 0 {
+				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
 			}
+			if len(eps) == 0 {
+				return usage("--endpoint (or STRATUM_ENDPOINT) is required")
+			}
+			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			sec, err := readSecret(cmd, code, codeFile)
 			if err != nil {
 				return err
@@ -165,6 +172,9 @@ func joinCommand() *cobra.Command {
 				return err
 			}
 			cfg.Secret, cfg.Facts = sec, rep.Facts
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
+			}
 			cfg.OnPending = func(joinID string) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "waiting for approval of join %s (an admin runs: stratum-listener joins approve %s)\n", joinID, joinID)
 			}
@@ -175,13 +185,14 @@ func joinCommand() *cobra.Command {
 			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host:port; repeat it (or separate by commas) for every listener of the cluster: the agent fails over to the next when one is down")
 	cmd.Flags().StringVar(&code, "code", "", "the join code; - reads it from stdin (on the command line, ps shows it)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "read the join code from this file")
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }
 
@@ -278,6 +289,11 @@ func statusCommand() *cobra.Command {
 			if id.LastError != "" {
 				lastErr = id.LastError
 			}
+			key := "file " + agent.KeyFile
+			if id.TPM != "" {
+				key = "in the TPM " + id.TPM
+			}
+			fmt.Fprintf(w, "node key     %s\n", key)
 			fmt.Fprintf(w, "last renewal %s\nlast error   %s\n", renewal, lastErr)
 			return nil
 		},
@@ -296,7 +312,9 @@ func runCommand() *cobra.Command {
 	var cfg agent.RunConfig
 	var codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var logLevel string
+	var endpoints []string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
 		Short: "keep this machine joined: join if needed, then renew (the systemd service)",
@@ -307,18 +325,26 @@ func runCommand() *cobra.Command {
 				return usage("--log-level: %w", err)
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && cfg.Endpoint == "" {
-				cfg.Endpoint = id.Endpoint
+			eps := splitAll(endpoints)
+			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && len(eps) == 0 {
+				eps = append([]string{id.Endpoint}, id.Endpoints...)
 			}
 			// the unit reads these from /etc/stratum/agent.env, written at provisioning
-			if cfg.Endpoint == "" {
-				cfg.Endpoint = os.Getenv("STRATUM_ENDPOINT")
+			if len(eps) == 0 {
+				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
+			}
+			if len(eps) > 0 {
+				cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			}
 			if cfg.CAFingerprint == "" {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
 			}
 			if cfg.Endpoint == "" {
 				return usage("--endpoint (or STRATUM_ENDPOINT) is required until the node has joined")
+			}
+			var err error
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
 			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
 			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
@@ -330,7 +356,7 @@ func runCommand() *cobra.Command {
 			if iv, err := systemd.WatchdogInterval(); err == nil && iv > 0 {
 				go n.RunWatchdog(cmd.Context(), iv)
 			}
-			err := agent.Run(cmd.Context(), cfg)
+			err = agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
 				return explain(err)
@@ -339,10 +365,20 @@ func runCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port (remembered after joining)")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host:port, repeatable (remembered after joining; STRATUM_ENDPOINT takes a comma or space separated list)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "join code file (default: the systemd credential join-code)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
+}
+
+// splitAll flattens repeated flags that may each hold a comma list.
+func splitAll(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = append(out, agent.SplitEndpoints(v)...)
+	}
+	return out
 }

@@ -2,85 +2,61 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"os"
-	"path/filepath"
+	"strings"
 
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
-	"github.com/stratumjoin/stratum/internal/store/boltstore"
+	"github.com/stratumjoin/stratum/internal/store/etcdstore"
 )
 
-// storeCommand backs up, restores and checks the store (docs/store.md).
-func storeCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "store", Short: "back up, restore and check the listener's store"}
-	backup := &cobra.Command{
-		Use:   "backup FILE",
-		Short: "write a consistent copy of the running listener's store to FILE (a bbolt file)",
-		Args:  args(1),
-		RunE: func(cmd *cobra.Command, a []string) error {
-			path := a[0]
-			if _, err := os.Stat(path); err == nil {
-				return fmt.Errorf("%s exists; choose a new file", path)
-			}
-			tmp, err := os.CreateTemp(filepath.Dir(path), ".backup-*")
-			if err != nil {
-				return err
-			}
-			defer os.Remove(tmp.Name())
-			if err := tmp.Chmod(0o600); err != nil { // it holds the OPAQUE records
-				tmp.Close()
-				return err
-			}
-			n, err := client().Backup(cmd.Context(), tmp)
-			if err == nil {
-				err = tmp.Sync()
-			}
-			if cerr := tmp.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return fmt.Errorf("store backup: %w", err)
-			}
-			if err := boltstore.Check(tmp.Name()); err != nil {
-				return fmt.Errorf("the backup does not check: %w", err)
-			}
-			if err := os.Rename(tmp.Name(), path); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "backed up %d bytes to %s\n", n, path)
-			return nil
-		},
+// etcdFlags are the etcd client's TLS and authentication settings. They
+// travel to the store as options of its URL (files only, never a secret),
+// and default to STRATUM_ETCD_* so a unit's environment file can set them.
+type etcdFlags struct {
+	cacert, cert, key, user, passwordFile string
+}
+
+func (f *etcdFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.cacert, "etcd-cacert", os.Getenv("STRATUM_ETCD_CACERT"), "CA that signs the etcd servers' certificates, PEM ($STRATUM_ETCD_CACERT; default: the system roots)")
+	fs.StringVar(&f.cert, "etcd-cert", os.Getenv("STRATUM_ETCD_CERT"), "client certificate for etcd, PEM ($STRATUM_ETCD_CERT)")
+	fs.StringVar(&f.key, "etcd-key", os.Getenv("STRATUM_ETCD_KEY"), "key of --etcd-cert, PEM, 0600 ($STRATUM_ETCD_KEY)")
+	fs.StringVar(&f.user, "etcd-user", os.Getenv("STRATUM_ETCD_USER"), "etcd user name ($STRATUM_ETCD_USER)")
+	fs.StringVar(&f.passwordFile, "etcd-password-file", os.Getenv("STRATUM_ETCD_PASSWORD_FILE"), "file holding the etcd user's password, 0600 ($STRATUM_ETCD_PASSWORD_FILE)")
+}
+
+func (f *etcdFlags) set() bool {
+	return f.cacert != "" || f.cert != "" || f.key != "" || f.user != "" || f.passwordFile != ""
+}
+
+// args gives back the flags as a command line, for messages that say what
+// to run.
+func (f *etcdFlags) args() string {
+	var b strings.Builder
+	for _, kv := range [][2]string{{"--etcd-cacert", f.cacert}, {"--etcd-cert", f.cert}, {"--etcd-key", f.key}, {"--etcd-user", f.user}, {"--etcd-password-file", f.passwordFile}} {
+		if kv[1] != "" {
+			fmt.Fprintf(&b, " %s %s", kv[0], kv[1])
+		}
 	}
-	var dataDir string
-	restore := &cobra.Command{
-		Use:   "restore BACKUP --data DIR",
-		Short: "write BACKUP as the store of the data directory DIR, which must have none yet",
-		Args:  args(1),
-		RunE: func(cmd *cobra.Command, a []string) error {
-			if dataDir == "" {
-				return usageError{fmt.Errorf("--data is required")}
-			}
-			path := filepath.Join(dataDir, "state.db")
-			if err := boltstore.Restore(a[0], path); err != nil {
-				return fmt.Errorf("store restore: %w", err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "restored %s into %s\n", a[0], path)
-			return nil
-		},
+	return b.String()
+}
+
+// storeURL adds the etcd flags to the store URL as its options.
+func (f *etcdFlags) storeURL(raw string) (string, error) {
+	if !f.set() {
+		return raw, nil
 	}
-	restore.Flags().StringVar(&dataDir, "data", "", "data directory (its keys/ from the old one: they are never in the store)")
-	check := &cobra.Command{
-		Use:   "check FILE",
-		Short: "check a store file or backup (size, meta pages, every page and record); not while a listener has it open",
-		Args:  args(1),
-		RunE: func(cmd *cobra.Command, a []string) error {
-			if err := boltstore.Check(a[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", a[0])
-			return nil
-		},
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "etcd" && u.Scheme != "etcds") {
+		return "", usageError{fmt.Errorf("--etcd-* flags need --store etcds://host:port,... (got %q)", raw)}
 	}
-	cmd.AddCommand(backup, restore, check)
-	return cmd
+	q := u.Query()
+	for _, kv := range [][2]string{{etcdstore.OptCACert, f.cacert}, {etcdstore.OptCert, f.cert}, {etcdstore.OptKey, f.key}, {etcdstore.OptUser, f.user}, {etcdstore.OptPasswordFile, f.passwordFile}} {
+		if kv[1] != "" {
+			q.Set(kv[0], kv[1])
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }

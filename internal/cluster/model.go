@@ -69,11 +69,23 @@ type Expect struct {
 	Serial      string `json:"serial,omitempty"`
 	MAC         string `json:"mac,omitempty"`
 	GPUUUID     string `json:"gpuUuid,omitempty"`
+	// EKHash pins the secret to one TPM: the SHA-256 of its endorsement
+	// key (docs/tpm.md). Unlike the others it is attested, not claimed.
+	EKHash string `json:"ekHash,omitempty"`
 }
 
 // Empty reports whether no identifier is given.
 func (e *Expect) Empty() bool {
-	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "")
+	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "" && e.EKHash == "")
+}
+
+// TPMVerdict is what a verified TPM attestation established about a join
+// (see internal/tpm): the EK hash, and whether the EK certificate chained
+// to the manufacturer roots the listener was given.
+type TPMVerdict struct {
+	EKHash         string `json:"ekHash"`
+	EKCertVerified bool   `json:"ekCertVerified"`
+	EKIssuer       string `json:"ekIssuer,omitempty"`
 }
 
 // KeyAttrs are what a seed-003 join key gives the hosts that enroll with it.
@@ -89,33 +101,36 @@ type KeyAttrs struct {
 // Secret is the stored record of a join code, token or key. It never holds
 // the secret itself.
 type Secret struct {
-	ID              string         `json:"id"`
-	Kind            string         `json:"kind"`
-	Locator         string         `json:"locator"`
-	Record          []byte         `json:"record"`
-	KSF             pake.KSFParams `json:"ksf"`
-	CAFingerprint   string         `json:"caFingerprint"`
-	Endpoint        string         `json:"endpoint"`
-	Tenant          string         `json:"tenant"`
-	Pool            string         `json:"pool"`
-	Role            string         `json:"role"`
-	Trust           string         `json:"trust"`
-	Hosted          string         `json:"hosted,omitempty"`
-	Expect          *Expect        `json:"expect,omitempty"`
-	AllowReclaim    bool           `json:"allowReclaim,omitempty"`
-	RequireApproval bool           `json:"requireApproval,omitempty"`
-	MaxUses         int            `json:"maxUses"` // 0: unlimited
-	Uses            int            `json:"uses"`
-	Unproven        int            `json:"unproven"`
-	Registrations   int            `json:"registrations"`
-	CreatedBy       string         `json:"createdBy"`
-	CreatedAt       time.Time      `json:"createdAt"`
-	ModifiedAt      time.Time      `json:"modifiedAt"`
-	ExpiresAt       *time.Time     `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
-	RevokedAt       *time.Time     `json:"revokedAt,omitempty"`
-	RevokedBy       string         `json:"revokedBy,omitempty"`
-	Key             *KeyAttrs      `json:"key,omitempty"`
-	IdempotencyHash string         `json:"idempotencyHash,omitempty"`
+	ID            string         `json:"id"`
+	Kind          string         `json:"kind"`
+	Locator       string         `json:"locator"`
+	Record        []byte         `json:"record"`
+	KSF           pake.KSFParams `json:"ksf"`
+	CAFingerprint string         `json:"caFingerprint"`
+	Endpoint      string         `json:"endpoint"`
+	// Endpoints are every endpoint of the cluster when it was minted,
+	// Endpoint first; agents fail over from one to the next.
+	Endpoints       []string   `json:"endpoints,omitempty"`
+	Tenant          string     `json:"tenant"`
+	Pool            string     `json:"pool"`
+	Role            string     `json:"role"`
+	Trust           string     `json:"trust"`
+	Hosted          string     `json:"hosted,omitempty"`
+	Expect          *Expect    `json:"expect,omitempty"`
+	AllowReclaim    bool       `json:"allowReclaim,omitempty"`
+	RequireApproval bool       `json:"requireApproval,omitempty"`
+	MaxUses         int        `json:"maxUses"` // 0: unlimited
+	Uses            int        `json:"uses"`
+	Unproven        int        `json:"unproven"`
+	Registrations   int        `json:"registrations"`
+	CreatedBy       string     `json:"createdBy"`
+	CreatedAt       time.Time  `json:"createdAt"`
+	ModifiedAt      time.Time  `json:"modifiedAt"`
+	ExpiresAt       *time.Time `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
+	RevokedAt       *time.Time `json:"revokedAt,omitempty"`
+	RevokedBy       string     `json:"revokedBy,omitempty"`
+	Key             *KeyAttrs  `json:"key,omitempty"`
+	IdempotencyHash string     `json:"idempotencyHash,omitempty"`
 	// Leases are the counted attempts still in flight: their KE3 may yet
 	// verify. An expired lease is a failed attempt (it stays counted).
 	Leases []Lease `json:"leases,omitempty"`
@@ -289,6 +304,9 @@ type Node struct {
 	// in an earlier generation no longer renew (see serialOwner).
 	Generation int   `json:"generation,omitempty"`
 	Host       *Host `json:"host,omitempty"`
+	// TPM is set when the node key was attested to live in a TPM; such
+	// a node renews only with that key.
+	TPM *TPMVerdict `json:"tpm,omitempty"`
 }
 
 // Join is one proven join of a key with a secret: pending approval,

@@ -39,11 +39,28 @@ type Deadline struct {
 }
 
 // WithDeadline wraps s so that every call ends within d (d <= 0: s as is).
+// A backend that watches (Watcher) stays one: the wrapper hides none of
+// its optional interfaces. A watch has no deadline; it lasts as long as
+// its context.
 func WithDeadline(s Store, d time.Duration) Store {
 	if d <= 0 {
 		return s
 	}
-	return &Deadline{Store: s, Timeout: d}
+	dl := &Deadline{Store: s, Timeout: d}
+	if w, ok := s.(Watcher); ok {
+		return &deadlineWatcher{Deadline: dl, w: w}
+	}
+	return dl
+}
+
+type deadlineWatcher struct {
+	*Deadline
+	w Watcher
+}
+
+func (d *deadlineWatcher) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	ch, err := d.w.Watch(ctx, key)
+	return ch, NameSpace(err)
 }
 
 // Unwrap returns the backend.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -18,10 +19,12 @@ import (
 
 // Code is a join code as seed 004 lists it, plus its policy.
 type Code struct {
-	ID              string          `json:"id"`
-	Selector        string          `json:"selector"`
-	FailedAttempts  int             `json:"failedAttempts"`
-	Endpoint        string          `json:"endpoint"`
+	ID             string `json:"id"`
+	Selector       string `json:"selector"`
+	FailedAttempts int    `json:"failedAttempts"`
+	Endpoint       string `json:"endpoint"`
+	// Endpoints lists every listener of the cluster, Endpoint first.
+	Endpoints       []string        `json:"endpoints,omitempty"`
 	CAFingerprint   string          `json:"caFingerprint"`
 	State           string          `json:"state"`
 	CreatedBy       string          `json:"createdBy,omitempty"`
@@ -57,7 +60,7 @@ func codeState(s *cluster.Secret, now time.Time) string {
 
 func toCode(s *cluster.Secret, now time.Time) Code {
 	c := Code{
-		ID: s.ID, Selector: s.Locator, FailedAttempts: s.Unproven, Endpoint: s.Endpoint, CAFingerprint: s.CAFingerprint,
+		ID: s.ID, Selector: s.Locator, FailedAttempts: s.Unproven, Endpoint: s.Endpoint, Endpoints: s.Endpoints, CAFingerprint: s.CAFingerprint,
 		State: codeState(s, now), CreatedBy: s.CreatedBy, CreatedAt: s.CreatedAt, RevokedAt: s.RevokedAt, RevokedBy: s.RevokedBy,
 		Registrations: s.Registrations, MaxUses: s.MaxUses, Uses: s.Uses, Pool: s.Pool, Tenant: s.Tenant, Role: s.Role, Trust: s.Trust,
 		RequireApproval: s.RequireApproval, AllowReclaim: s.AllowReclaim, Hosted: s.Hosted, Expect: s.Expect,
@@ -173,7 +176,7 @@ func (s *Server) mintCode(w http.ResponseWriter, r *http.Request, p Principal) e
 	}
 	out := toCode(stored, now)
 	out.Code = code.Display()
-	out.AgentCommand = fmt.Sprintf("stratum-agent join --endpoint %s --ca-fingerprint %s --code -", stored.Endpoint, stored.CAFingerprint)
+	out.AgentCommand = AgentCommand(stored)
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
@@ -241,15 +244,32 @@ func (s *Server) resetAttempts(w http.ResponseWriter, r *http.Request, p Princip
 }
 
 // NodeView is a node as the admin API shows it. Facts are claimed by the
-// machine, never attested.
+// machine, never attested; Attested is what its TPM proved, if anything.
 type NodeView struct {
 	cluster.Node
-	ClaimedFacts any    `json:"claimedFacts"`
-	FactsNote    string `json:"factsNote"`
+	ClaimedFacts any           `json:"claimedFacts"`
+	FactsNote    string        `json:"factsNote"`
+	Attested     *AttestedView `json:"attested,omitempty"`
+}
+
+// AttestedView is what a TPM attestation proved at join (docs/tpm.md).
+type AttestedView struct {
+	// EKHash is the SHA-256 of the TPM's endorsement key.
+	EKHash string `json:"ekHash"`
+	// EKCertVerified: the EK certificate chained to the manufacturer roots
+	// the listener was given (serve --tpm-ca-dir).
+	EKCertVerified bool   `json:"ekCertVerified"`
+	EKIssuer       string `json:"ekIssuer,omitempty"`
+	// KeyInTPM: the node key was certified by the TPM as created in it.
+	KeyInTPM bool `json:"keyInTpm"`
 }
 
 func nodeView(n cluster.Node) NodeView {
-	return NodeView{Node: n, ClaimedFacts: n.Facts, FactsNote: "claimed by the machine at join, not attested"}
+	v := NodeView{Node: n, ClaimedFacts: n.Facts, FactsNote: "claimed by the machine at join, not attested"}
+	if n.TPM != nil {
+		v.Attested = &AttestedView{EKHash: n.TPM.EKHash, EKCertVerified: n.TPM.EKCertVerified, EKIssuer: n.TPM.EKIssuer, KeyInTPM: true}
+	}
+	return v
 }
 
 // lookupErr maps a core lookup error: not found is said plainly, anything
@@ -415,4 +435,20 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, _ Principal)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// AgentCommand is the command that joins a machine with the secret: every
+// endpoint of the cluster, so that the agent fails over when one is down.
+func AgentCommand(s *cluster.Secret) string {
+	eps := s.Endpoints
+	if len(eps) == 0 {
+		eps = []string{s.Endpoint}
+	}
+	var b strings.Builder
+	b.WriteString("stratum-agent join")
+	for _, ep := range eps {
+		b.WriteString(" --endpoint " + ep)
+	}
+	b.WriteString(" --ca-fingerprint " + s.CAFingerprint + " --code -")
+	return b.String()
 }
