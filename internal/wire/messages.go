@@ -110,10 +110,17 @@ const (
 	CodeCertInvalid      = "NODE_CERT_INVALID"
 	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
 	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
+	// CodeRateLimited answers, before any KE2 and whatever the locator, a
+	// start from a source that spent its budget of unproven starts; the
+	// Result's RetryAfter says when to come back.
+	CodeRateLimited = "JOIN_RATE_LIMITED"
+	// CodeCertExpired refuses a renewal whose certificate expired longer
+	// ago than the listener's renewal grace: the node needs a new code.
+	CodeCertExpired = "NODE_CERT_EXPIRED"
 )
 
 // Retryable reports whether a refusal code is transient.
-func Retryable(code string) bool { return code == CodeUnavailable }
+func Retryable(code string) bool { return code == CodeUnavailable || code == CodeRateLimited }
 
 // Host is what a join key assigns (seed 003): network, role, tags, the
 // overlay addresses and the host name.
@@ -138,6 +145,12 @@ type Result struct {
 	Trust      string   `cbor:"9,keyasint,omitempty"`
 	RenewAfter int64    `cbor:"10,keyasint,omitempty"` // unix seconds
 	Host       *Host    `cbor:"11,keyasint,omitempty"`
+	// RetryAfter is how many seconds to wait before retrying a retryable
+	// refusal (JOIN_RATE_LIMITED).
+	RetryAfter int64 `cbor:"13,keyasint,omitempty"`
+	// PendingFor is how many seconds the listener holds a pending join
+	// open; the agent waits that long for the next Result.
+	PendingFor int64 `cbor:"14,keyasint,omitempty"`
 }
 
 func (*Result) Type() byte { return TypeResult }
@@ -145,6 +158,9 @@ func (*Result) Type() byte { return TypeResult }
 func (m *Result) Check() error {
 	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 {
 		return errors.New("oversized field")
+	}
+	if m.RetryAfter < 0 || m.RetryAfter > 86400 || m.PendingFor < 0 || m.PendingFor > 7*86400 {
+		return errors.New("retryAfter or pendingFor out of range")
 	}
 	switch m.Status {
 	case StatusJoined:

@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/store"
+)
+
+// pfxBudget holds the per-source budgets of unproven starts:
+// budget/<address> and budget/<prefix> -> budgetEntry. Keeping them in the
+// store makes listeners that share a store share the budget.
+const pfxBudget = "budget/"
+
+// Budget bounds the unproven starts one source may have counted per
+// window: an address, and the /24 (IPv4) or /64 (IPv6) it sits in. A
+// proven start gives its charge back, so only guesses use it up.
+type Budget struct {
+	PerAddress int // 0: no limit on the address
+	PerPrefix  int // 0: no limit on the prefix
+	Window     time.Duration
+}
+
+// DefaultBudget is the budget a listener applies unless told otherwise:
+// a sweep from one address reaches at most 8 codes per 10 minutes, one
+// from a /24 at most 32.
+var DefaultBudget = Budget{PerAddress: 8, PerPrefix: 32, Window: 10 * time.Minute}
+
+// Charge is one start charged to a source's budget; Refund gives it back.
+type Charge struct {
+	keys   []string
+	window int64
+}
+
+// Charged reports whether the charge holds anything to refund.
+func (ch Charge) Charged() bool { return len(ch.keys) > 0 }
+
+type budgetEntry struct {
+	Window int64 `json:"window"` // unix seconds of the window's start
+	Used   int   `json:"used"`
+}
+
+// SourcePrefix is the prefix a source's address is also charged to.
+func SourcePrefix(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	bits := 64
+	if a.Is4() {
+		bits = 24
+	}
+	p, _ := a.Prefix(bits)
+	return p
+}
+
+// ChargeStart charges one start from src to the budget, before anything
+// about the start (its locator) is looked at. ok is false when the address
+// or its prefix has spent its budget in this window; retryAfter then says
+// when the window ends. Nothing is written for a refused start.
+func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch Charge, ok bool, retryAfter time.Duration, err error) {
+	src = src.Unmap()
+	if b.Window <= 0 {
+		b.Window = DefaultBudget.Window
+	}
+	type slot struct {
+		key   string
+		limit int
+	}
+	var slots []slot
+	if b.PerAddress > 0 {
+		slots = append(slots, slot{pfxBudget + src.String(), b.PerAddress})
+	}
+	if b.PerPrefix > 0 {
+		slots = append(slots, slot{pfxBudget + strings.ReplaceAll(SourcePrefix(src).String(), "/", "_"), b.PerPrefix})
+	}
+	if len(slots) == 0 {
+		return Charge{}, true, 0, nil
+	}
+	for range maxCASRounds {
+		now := c.now()
+		start := now.Truncate(b.Window)
+		window := start.Unix()
+		var cmps []store.Cmp
+		var ops []store.Op
+		for _, s := range slots {
+			var e budgetEntry
+			rev, _, err := getJSON(ctx, c.store, s.key, &e)
+			if err != nil {
+				return Charge{}, false, 0, fmt.Errorf("read budget: %w", err)
+			}
+			if e.Window != window {
+				e = budgetEntry{Window: window}
+			}
+			if e.Used >= s.limit {
+				return Charge{}, false, start.Add(b.Window).Sub(now), nil
+			}
+			e.Used++
+			cmps = append(cmps, store.Cmp{Key: s.key, Rev: rev})
+			ops = append(ops, putJSON(s.key, e))
+		}
+		done, err := c.store.Txn(ctx, cmps, ops)
+		if err != nil {
+			return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
+		}
+		if done {
+			ch := Charge{window: window}
+			for _, s := range slots {
+				ch.keys = append(ch.keys, s.key)
+			}
+			return ch, true, 0, nil
+		}
+	}
+	return Charge{}, false, 0, ErrConflict
+}
+
+// Refund gives a proven start's charge back, if its window still runs.
+func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
+	if !ch.Charged() {
+		return nil
+	}
+	for range maxCASRounds {
+		var cmps []store.Cmp
+		var ops []store.Op
+		for _, key := range ch.keys {
+			var e budgetEntry
+			rev, found, err := getJSON(ctx, c.store, key, &e)
+			if err != nil {
+				return fmt.Errorf("read budget: %w", err)
+			}
+			if !found || e.Window != ch.window || e.Used == 0 {
+				continue
+			}
+			e.Used--
+			cmps = append(cmps, store.Cmp{Key: key, Rev: rev})
+			ops = append(ops, putJSON(key, e))
+		}
+		if len(ops) == 0 {
+			return nil
+		}
+		done, err := c.store.Txn(ctx, cmps, ops)
+		if err != nil {
+			return fmt.Errorf("refund budget: %w", err)
+		}
+		if done {
+			return nil
+		}
+	}
+	return ErrConflict
+}
+
+// SweepBudgets deletes budget entries whose window ended before now-w, so
+// that sources seen once do not stay in the store. It deletes at most a
+// few hundred per call.
+func (c *Cluster) SweepBudgets(ctx context.Context, w time.Duration) error {
+	if w <= 0 {
+		w = DefaultBudget.Window
+	}
+	kvs, err := c.store.List(ctx, pfxBudget, "", 512)
+	if err != nil {
+		return fmt.Errorf("list budgets: %w", err)
+	}
+	cutoff := c.now().Add(-2 * w).Unix()
+	var errs []error
+	for _, kv := range kvs {
+		var e budgetEntry
+		if err := json.Unmarshal(kv.Value, &e); err != nil || e.Window < cutoff {
+			if _, err := c.store.Txn(ctx, []store.Cmp{{Key: kv.Key, Rev: kv.Rev}}, []store.Op{{Key: kv.Key, Delete: true}}); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
