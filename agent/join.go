@@ -48,6 +48,11 @@ type JoinConfig struct {
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// ResultTimeout bounds each wait for the listener's next frame once
+	// the Hello or the Proof is sent (default 2m); while a join is pending
+	// the wait is what the listener announced it holds the join, plus a
+	// minute.
+	ResultTimeout time.Duration
 }
 
 // Errors a join can end with. RefusedError carries the listener's reason.
@@ -66,6 +71,9 @@ var (
 type RefusedError struct {
 	Code    string
 	Message string
+	// RetryAfter is how long the listener asked to wait before a retry
+	// (JOIN_RATE_LIMITED); zero when it named none.
+	RetryAfter time.Duration
 }
 
 func (e *RefusedError) Error() string { return e.Message + " (" + e.Code + ")" }
@@ -95,6 +103,9 @@ func (c *JoinConfig) defaults() {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.ResultTimeout == 0 {
+		c.ResultTimeout = 2 * time.Minute
 	}
 	if c.Dial == nil {
 		c.Dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
@@ -166,19 +177,41 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 
 // exchange is the join protocol over one stream; QUIC is only its carrier.
 func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
-	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password())
+	// the password's copy is wiped once the exchange ends, so it does not
+	// linger in the heap for the life of the service
+	password := cfg.Secret.Password()
+	defer clear(password)
+	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, password)
 	if err != nil {
 		return nil, err
+	}
+	// every wait for the listener is bounded: one that goes silent must
+	// not hold the agent for ever
+	setDeadline := func(d time.Duration) {
+		if ds, ok := str.(interface{ SetReadDeadline(time.Time) error }); ok {
+			_ = ds.SetReadDeadline(time.Now().Add(d))
+		}
 	}
 	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1}); err != nil {
 		return nil, &UnreachableError{err}
 	}
+	setDeadline(cfg.ResultTimeout)
 	var ch wire.Challenge
-	if err := wire.Read(str, &ch); err != nil {
-		if errors.Is(err, wire.ErrFrame) {
+	typ, body, err := wire.ReadFrame(str)
+	if err != nil {
+		return nil, &UnreachableError{err}
+	}
+	if typ == wire.TypeResult {
+		// a start refused before any KE2 (its source spent its budget of
+		// unproven starts): nothing was learnt or spent on the code
+		var res wire.Result
+		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused {
 			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 		}
-		return nil, &UnreachableError{err}
+		return nil, refusal(&res)
+	}
+	if err := wire.Decode(typ, body, &ch); err != nil {
+		return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 	}
 	caChain, err := parseCerts(ch.CAChain)
 	if err != nil {
@@ -213,6 +246,8 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}); err != nil {
 		return nil, &UnreachableError{err}
 	}
+	clear(password)
+	setDeadline(cfg.ResultTimeout)
 	for {
 		var res wire.Result
 		if err := wire.Read(str, &res); err != nil {
@@ -226,12 +261,19 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			if cfg.OnPending != nil {
 				cfg.OnPending(res.JoinID)
 			}
+			if res.PendingFor > 0 {
+				setDeadline(time.Duration(res.PendingFor)*time.Second + time.Minute)
+			}
 			continue
 		case wire.StatusRefused:
-			return nil, &RefusedError{Code: res.Code, Message: res.Message}
+			return nil, refusal(&res)
 		}
 		return accept(&res, root, trustDomain, key, cfg)
 	}
+}
+
+func refusal(res *wire.Result) *RefusedError {
+	return &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
 }
 
 // accept checks a joined Result and stores the credentials.

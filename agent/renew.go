@@ -23,6 +23,8 @@ type RenewConfig struct {
 	// accepts and then hangs cannot stall the service loop.
 	DialTimeout time.Duration
 	Timeout     time.Duration
+	// Dial overrides the QUIC dial (tests pick the source address).
+	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
 }
 
 // Renew exchanges the node's current certificate (even one that expired
@@ -75,7 +77,13 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		},
 	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	conn, err := quic.DialAddr(dctx, id.Endpoint, tlsConf, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second})
+	dial := cfg.Dial
+	if dial == nil {
+		dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
+			return quic.DialAddr(ctx, ep, t, q)
+		}
+	}
+	conn, err := dial(dctx, id.Endpoint, tlsConf, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second})
 	cancel()
 	if err != nil {
 		return id, &UnreachableError{err}
@@ -107,7 +115,7 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		return id, &UnreachableError{err}
 	}
 	if res.Status != wire.StatusJoined {
-		return id, &RefusedError{Code: res.Code, Message: res.Message}
+		return id, refusal(&res)
 	}
 	newChain, err := parseCerts(res.CertChain)
 	if err != nil {

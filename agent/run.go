@@ -254,6 +254,13 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 // retry reports a transient failure and waits before the next attempt.
 func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause error) error {
 	wait := Backoff(attempt, c.BackoffBase, c.BackoffMax, c.Rand())
+	// a listener that named a wait (JOIN_RATE_LIMITED) is not asked again
+	// sooner, with jitter on top so a fleet told the same does not return
+	// together
+	var r *RefusedError
+	if errors.As(cause, &r) && r.RetryAfter > 0 && wait < r.RetryAfter {
+		wait = r.RetryAfter + time.Duration(c.Rand()*float64(r.RetryAfter)/4)
+	}
 	c.Logger.Warn(what+" failed, retrying", "err", cause, "in", wait, "attempt", attempt+1)
 	_ = c.Notifier.Status(fmt.Sprintf("%s failed, retrying in %s: %v", what, wait.Round(time.Millisecond), cause))
 	if c.OnRetry != nil {
@@ -292,7 +299,7 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		var r *RefusedError
 		var local *localError
 		switch {
-		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked || r.Code == wire.CodeCertInvalid):
+		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked || r.Code == wire.CodeCertInvalid || r.Code == wire.CodeCertExpired):
 			cfg.status("refused: " + r.Message)
 			return id, fmt.Errorf("%w: %w", ErrNeedsNewCode, err)
 		case r != nil && !r.Retryable():

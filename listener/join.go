@@ -104,11 +104,12 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return errCodeNotProof, err
 	}
 	str.SetReadDeadline(time.Time{})
+	l.refundProven(ctx) // a proven start gives its source's budget back
 
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
 	// the signature is checked once, by pki when it issues
 	if err != nil {
-		l.abandon(att)
+		l.uncount(att) // proven: not a failed guess
 		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
@@ -137,7 +138,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 			l.leaseQueue.release(req.Attempt.Secret.ID) // proven or not, its lease is gone
 		}
 		if errors.Is(err, pki.ErrInvalidCSR) {
-			l.abandon(req.Attempt)
+			l.uncount(req.Attempt)
 			return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 		}
 		if err != nil {
@@ -151,7 +152,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		// may not have been counted: a code whose last use it holds is no
 		// longer live); later rounds only poll.
 		if !announced {
-			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
+			pendingFor := int64(time.Until(deadline) / time.Second)
+			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, PendingFor: pendingFor, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
 				return errCodeProtocol, err
 			}
 			announced = true
@@ -315,6 +317,18 @@ func (q *leaseQueue) release(secretID string) {
 		delete(q.waiting, secretID)
 	} else {
 		q.waiting[secretID] = w[1:]
+	}
+}
+
+// uncount takes back a proven attempt that ends without Prove committing.
+func (l *Listener) uncount(att cluster.Attempt) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.cluster.Uncount(ctx, att); err != nil {
+		l.logger.Warn("take back proven attempt", "err", err)
+	}
+	if att.Counted {
+		l.leaseQueue.release(att.Secret.ID)
 	}
 }
 

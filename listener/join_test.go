@@ -124,7 +124,8 @@ func TestListenerDecidesCertificateNames(t *testing.T) {
 
 func TestWrongCodeBurnsAfterTen(t *testing.T) {
 	var real, counted, proofs atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+	// every guess comes from one address: lift its budget of unproven starts
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1, Hooks: listener.Hooks{
 		Challenge: func(_ string, r, c bool) {
 			if r && c {
 				counted.Add(1)
@@ -188,7 +189,7 @@ func countEvents(evs []cluster.Event, typ string) int {
 
 func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
 	var counted, uncounted atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1, PerSourceConnections: -1, Hooks: listener.Hooks{
 		Challenge: func(_ string, r, c bool) {
 			switch {
 			case r && c:

@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -53,6 +52,26 @@ type Config struct {
 	// 2048); past it new ones are refused and agents back off and retry,
 	// so the listener's memory stays bounded under a herd.
 	MaxConnections int
+	// MaxRenewals bounds the renewal connections (ALPN stratum-node/1)
+	// served at once, apart from joins (default 512), so a join flood
+	// never shuts renewals out.
+	MaxRenewals int
+	// PerSourceConnections is one source address's share of the
+	// connections in flight (default 64; negative: no share).
+	PerSourceConnections int
+	// FirstStream is how long a connection may go without opening its
+	// stream before it is closed (default 5s).
+	FirstStream time.Duration
+	// UnprovenPerSource and UnprovenPerPrefix are the budget of unproven
+	// join starts per BudgetWindow of one address and of its /24 or /64
+	// (defaults 8, 32 and 10m; UnprovenPerSource negative lifts the
+	// budget, for tests and benchmarks that guess from one address).
+	UnprovenPerSource int
+	UnprovenPerPrefix int
+	BudgetWindow      time.Duration
+	// RenewGrace is how long after its expiry a node certificate still
+	// renews (default 96h); later the node needs a new code.
+	RenewGrace time.Duration
 	// Ready is called once the store is open and the sockets listen.
 	Ready func(addr net.Addr)
 	// Hooks observe the protocol in tests.
@@ -101,7 +120,7 @@ type Listener struct {
 
 	limiters   sourceLimiters
 	leaseQueue leaseQueue
-	active     atomic.Int64 // connections being served
+	adm        admission
 
 	addr net.Addr
 
@@ -123,6 +142,27 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = 2048
+	}
+	if cfg.MaxRenewals == 0 {
+		cfg.MaxRenewals = defaultMaxRenewals
+	}
+	if cfg.PerSourceConnections == 0 {
+		cfg.PerSourceConnections = defaultPerSourceConnections
+	}
+	if cfg.FirstStream == 0 {
+		cfg.FirstStream = defaultFirstStream
+	}
+	if cfg.UnprovenPerSource == 0 {
+		cfg.UnprovenPerSource = cluster.DefaultBudget.PerAddress
+	}
+	if cfg.UnprovenPerPrefix == 0 {
+		cfg.UnprovenPerPrefix = cluster.DefaultBudget.PerPrefix
+	}
+	if cfg.BudgetWindow == 0 {
+		cfg.BudgetWindow = cluster.DefaultBudget.Window
+	}
+	if cfg.RenewGrace == 0 {
+		cfg.RenewGrace = defaultRenewGrace
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -268,15 +308,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		StatelessResetKey:   &resetKey,
 		TokenGeneratorKey:   &tokenKey,
 		VerifySourceAddress: l.limiters.overRate,
-		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
-			if l.active.Load() >= int64(l.cfg.MaxConnections) {
-				return nil, errTooManyConnections
-			}
-			if h := l.cfg.Hooks.Accept; h != nil {
-				h(ci.AddrVerified)
-			}
-			return ctx, nil
-		},
+		ConnContext:         l.admit,
 	}
 	defer tr.Close()
 	ln, err := tr.Listen(l.tlsConfig(), &quic.Config{
@@ -284,7 +316,10 @@ func (l *Listener) Run(ctx context.Context) error {
 		MaxIdleTimeout:        30 * time.Second,
 		MaxIncomingStreams:    4,
 		MaxIncomingUniStreams: -1,
-		KeepAlivePeriod:       10 * time.Second,
+		// No keepalive from the listener: a connection that does nothing
+		// must not be held open by its peer's server. The agent keeps a
+		// pending join alive itself.
+		KeepAlivePeriod: 0,
 		Allow0RTT:             false,
 	})
 	if err != nil {
@@ -316,6 +351,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.cfg.Ready(l.addr)
 	}
 	go l.limiters.sweep(ctx)
+	go l.sweepBudgets(ctx)
 	for {
 		conn, err := ln.Accept(ctx)
 		if err != nil {
@@ -357,6 +393,7 @@ const (
 	errCodeInternal quic.ApplicationErrorCode = 0x103
 	errCodeAuth     quic.ApplicationErrorCode = 0x104
 	errCodeShutdown quic.ApplicationErrorCode = 0x105
+	errCodeBusy     quic.ApplicationErrorCode = 0x106
 )
 
 var errTooManyConnections = errors.New("too many connections")
@@ -367,51 +404,70 @@ var errTooManyConnections = errors.New("too many connections")
 const resultGrace = 30 * time.Second
 
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
-	l.active.Add(1)
-	defer l.active.Add(-1)
 	cs := conn.ConnectionState()
+	alpn := cs.TLS.NegotiatedProtocol
+	release, ok := l.slot(alpn)
+	if !ok {
+		conn.CloseWithError(errCodeBusy, "too many connections; try again later")
+		return
+	}
+	defer release()
 	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(errCodeShutdown, "listener shutting down") })
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	str, err := conn.AcceptStream(ctx)
+	// a connection earns its slot by opening its stream at once
+	sctx, scancel := context.WithTimeout(ctx, l.cfg.FirstStream)
+	str, err := conn.AcceptStream(sctx)
+	scancel()
 	if err != nil {
 		conn.CloseWithError(errCodeProtocol, "no stream")
 		return
 	}
-	switch cs.TLS.NegotiatedProtocol {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	var code quic.ApplicationErrorCode
+	switch alpn {
 	case wire.ALPNJoin:
-		exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
-		if err != nil {
-			conn.CloseWithError(errCodeInternal, "")
-			return
-		}
-		code, err := l.Join(ctx, str, exporter)
-		if err != nil {
-			l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
-		}
-		str.Close()
-		// give the agent time to read the last frame before closing
-		if code == errCodeDone {
-			select {
-			case <-conn.Context().Done():
-			case <-time.After(resultGrace):
-			}
-		}
-		conn.CloseWithError(code, "")
+		code = l.serveJoin(ctx, conn, str, cs)
 	case wire.ALPNNode:
-		code := l.renew(ctx, str, cs.TLS.PeerCertificates)
-		str.Close()
-		if code == errCodeDone {
-			select {
-			case <-conn.Context().Done():
-			case <-time.After(resultGrace):
-			}
-		}
-		conn.CloseWithError(code, "")
+		code = l.renew(ctx, str, cs.TLS.PeerCertificates)
 	default:
 		conn.CloseWithError(errCodeProtocol, "")
+		return
 	}
+	str.Close()
+	// give the agent time to read the last frame before closing
+	if code == errCodeDone {
+		select {
+		case <-conn.Context().Done():
+		case <-time.After(resultGrace):
+		}
+	}
+	conn.CloseWithError(code, "")
+}
+
+func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Stream, cs quic.ConnectionState) quic.ApplicationErrorCode {
+	exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	if err != nil {
+		return errCodeInternal
+	}
+	ctx, after, ok, err := l.chargeStart(ctx, sourceAddr(conn.RemoteAddr()))
+	if err != nil {
+		// the budget could not be read: answer nothing, as for a count
+		// whose outcome is unknown
+		l.logger.Debug("charge start", "remote", conn.RemoteAddr().String(), "err", err)
+		return errCodeInternal
+	}
+	if !ok {
+		if err := rateLimited(str, after); err != nil {
+			return errCodeProtocol
+		}
+		return errCodeDone
+	}
+	code, err := l.Join(ctx, str, exporter)
+	if err != nil {
+		l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
+	}
+	return code
 }
 
 // sourceLimiters asks sources that open connections faster than

@@ -46,6 +46,13 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	raw := certsDER(peer)
 	roots := l.Roots()
 	leaf, err := pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, l.now())
+	if err != nil && l.now().After(peer[0].NotAfter.Add(l.cfg.RenewGrace)) {
+		// expired longer ago than the grace: a machine switched off over a
+		// long weekend renews, a decommissioned one needs a new code
+		if verr := l.verifiesBeforeExpiry(raw, roots, peer[0]); verr == nil {
+			return l.refuseExpired(str, peer[0].NotAfter)
+		}
+	}
 	if err != nil && l.now().After(peer[0].NotAfter) {
 		// verify as of just before it expired
 		leaf, err = pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, peer[0].NotAfter.Add(-time.Second))
@@ -68,9 +75,30 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(req.CSR)})
+	if errors.Is(err, pki.ErrInvalidCSR) {
+		// a weak key or a type we do not accept: named, and read by the
+		// agent before the connection closes
+		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request's key is not one this cluster accepts: " + err.Error()})
+	}
 	if err != nil {
 		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the renewal; try again"})
 		return errCodeInternal, err
 	}
 	return errCodeDone, wire.Write(str, l.result(out))
+}
+
+func (l *Listener) verifiesBeforeExpiry(raw [][]byte, roots []*x509.Certificate, leaf *x509.Certificate) error {
+	_, err := pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, leaf.NotAfter.Add(-time.Second))
+	return err
+}
+
+// refuseExpired reads the request and refuses it NODE_CERT_EXPIRED.
+func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (quic.ApplicationErrorCode, error) {
+	str.SetReadDeadline(time.Now().Add(helloTimeout))
+	var req wire.Renew
+	if err := wire.Read(str, &req); err != nil {
+		return errCodeAuth, fmt.Errorf("read renew: %w", err)
+	}
+	msg := fmt.Sprintf("this node's certificate expired at %s, longer ago than the %s this cluster renews after expiry; join it again with a new code", notAfter.UTC().Format(time.RFC3339), l.cfg.RenewGrace)
+	return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertExpired, Message: msg})
 }

@@ -200,6 +200,9 @@ func explain(err error) error {
 		return &exitError{1, err}
 	case errors.As(err, &refused):
 		if refused.Retryable() {
+			if refused.RetryAfter > 0 {
+				return &exitError{3, fmt.Errorf("the listener is busy: %s (retry in %s)", refused.Message, refused.RetryAfter)}
+			}
 			return &exitError{3, fmt.Errorf("the listener is busy: %s", refused.Message)}
 		}
 		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
