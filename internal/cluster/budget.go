@@ -174,3 +174,28 @@ func (c *Cluster) SweepBudgets(ctx context.Context, w time.Duration) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Uncount takes back a counted attempt whose KE3 verified but which ends
+// without Prove committing (a bad CSR): the holder proved the code, so it
+// is no failed guess. Its lease is freed too.
+func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
+	if !att.Counted || att.Secret == nil {
+		return nil
+	}
+	for range maxCASRounds {
+		var s Secret
+		rev, found, err := getJSON(ctx, c.store, pfxSecret+att.Secret.ID, &s)
+		if err != nil || !found {
+			return err
+		}
+		if s.Unproven > 0 {
+			s.Unproven--
+		}
+		s.dropLease(att.LeaseID)
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, []store.Op{putJSON(pfxSecret+s.ID, s)})
+		if err != nil || ok {
+			return err
+		}
+	}
+	return ErrConflict
+}
