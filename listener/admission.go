@@ -21,11 +21,7 @@ const (
 	defaultPerSourceConnections = 64
 	defaultFirstStream          = 5 * time.Second
 	defaultRenewGrace           = 96 * time.Hour
-	// refundWait is how long a start over its source's budget waits for a
-	// proven start of the same source to give its charge back before it
-	// is told to come back later, so machines behind one NAT that join at
-	// once queue instead of failing.
-	refundWait = 10 * time.Second
+	defaultBudgetWait           = 10 * time.Second
 )
 
 // admission holds the connection counts the accept path checks.
@@ -146,7 +142,7 @@ func (l *Listener) chargeStart(ctx context.Context, src netip.Addr) (context.Con
 		return ctx, 0, true, nil
 	}
 	b := cluster.Budget{PerAddress: l.cfg.UnprovenPerSource, PerPrefix: l.cfg.UnprovenPerPrefix, Window: l.cfg.BudgetWindow}
-	wait := time.NewTimer(refundWait)
+	wait := time.NewTimer(l.cfg.BudgetWait)
 	defer wait.Stop()
 	for {
 		woken := l.refundSignal()

@@ -69,6 +69,11 @@ type Config struct {
 	UnprovenPerSource int
 	UnprovenPerPrefix int
 	BudgetWindow      time.Duration
+	// BudgetWait is how long a start over its source's budget waits for a
+	// proven start of the same source to give its charge back before it
+	// is told to come back later (default 10s), so machines behind one NAT
+	// that join at once queue instead of failing.
+	BudgetWait time.Duration
 	// RenewGrace is how long after its expiry a node certificate still
 	// renews (default 96h); later the node needs a new code.
 	RenewGrace time.Duration
@@ -160,6 +165,9 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	if cfg.BudgetWindow == 0 {
 		cfg.BudgetWindow = cluster.DefaultBudget.Window
+	}
+	if cfg.BudgetWait == 0 {
+		cfg.BudgetWait = defaultBudgetWait
 	}
 	if cfg.RenewGrace == 0 {
 		cfg.RenewGrace = defaultRenewGrace
