@@ -201,6 +201,8 @@ func TestUnitContract(t *testing.T) {
 		{"stratum-listener.service", "Service", "Sockets", []string{"stratum-listener.socket stratum-listener-admin.socket"}},
 		{"stratum-listener.service", "Service", "CapabilityBoundingSet", []string{""}},
 		{"stratum-listener.service", "Service", "DynamicUser", []string{"yes"}},
+		{"stratum-agent.service", "Service", "LimitCORE", []string{"0"}},
+		{"stratum-listener.service", "Service", "LimitCORE", []string{"0"}},
 		{"stratum-listener.service", "Unit", "Requires", []string{"stratum-listener.socket stratum-listener-admin.socket"}},
 		{"stratum-listener.socket", "Socket", "ListenDatagram", []string{"0.0.0.0:9444"}},
 		{"stratum-listener.socket", "Socket", "FileDescriptorName", []string{QUICSocketName}},

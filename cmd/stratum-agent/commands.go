@@ -151,6 +151,10 @@ func joinCommand() *cobra.Command {
 			if cfg.Endpoint == "" {
 				return usage("--endpoint is required")
 			}
+			// no core dump or ptrace peer may see the code
+			if err := agent.ProtectSecrets(); err != nil {
+				return err
+			}
 			sec, err := readSecret(cmd, code, codeFile)
 			if err != nil {
 				return err
@@ -322,6 +326,10 @@ func runCommand() *cobra.Command {
 			}
 			if cfg.Endpoint == "" {
 				return usage("--endpoint (or STRATUM_ENDPOINT) is required until the node has joined")
+			}
+			// no core dump or ptrace peer may see the code or the node key
+			if err := agent.ProtectSecrets(); err != nil {
+				return err
 			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
 			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
