@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"time"
 )
 
 // kind is what went wrong, independent of any facade; Server.fail maps it
@@ -23,7 +24,8 @@ const (
 	kindInvalidState
 	kindDuplicate   // seed 003: a unique value is taken
 	kindLimit       // a count limit is reached
-	kindRateLimited // seed 003: the organization's request rate
+	kindRateLimited // seed 003: the organization's request rate; failed API keys per source
+	kindMediaType   // a request body that is not application/json
 )
 
 // apiError is a failure with a message that is safe to show. cause, for
@@ -38,6 +40,8 @@ type apiError struct {
 	limit     int
 	limitName string
 	cause     error
+	// retryAfter, when set, is sent as Retry-After.
+	retryAfter time.Duration
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -101,6 +105,7 @@ const (
 	CodeInternal       = "INTERNAL"
 	CodeMethod         = "METHOD_NOT_ALLOWED"
 	CodeTooMany        = "TOO_MANY_REQUESTS"
+	CodeMediaType      = "UNSUPPORTED_MEDIA_TYPE"
 	problemTypeBase    = "https://stratum.dev/problems/"
 	problemContentType = "application/problem+json"
 )
@@ -142,6 +147,7 @@ const (
 	KeyErrUnauthorized   = "ERR_UNAUTHORIZED"
 	KeyErrForbidden      = "ERR_FORBIDDEN"
 	KeyErrTooMany        = "ERR_TOO_MANY_REQUESTS"
+	KeyErrMediaType      = "ERR_UNSUPPORTED_MEDIA_TYPE"
 	KeyErrNotFound       = "ERR_NOT_FOUND"
 	KeyErrMethod         = "ERR_METHOD_NOT_ALLOWED"
 	KeyErrInternal       = "ERR_INTERNAL"
@@ -170,6 +176,7 @@ var mappings = map[kind]mapping{
 	kindLimit:           {http.StatusBadRequest, CodeLimitExceeded, TokenInvalidState, KeyErrLimitExceeded},
 	kindRateLimited:     {http.StatusTooManyRequests, CodeTooMany, TokenInternal, KeyErrTooMany},
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
+	kindMediaType:       {http.StatusUnsupportedMediaType, CodeMediaType, TokenInvalidInput, KeyErrMediaType},
 }
 
 // fail writes err in facade f's shape. Internal errors are logged with the
@@ -185,6 +192,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	}
 	m := mappings[e.kind]
 	status := m.status
+	if e.retryAfter > 0 {
+		retryAfterHeader(w, e.retryAfter)
+	}
 	if f == facadeCluster && e.kind == kindLimit {
 		status = http.StatusConflict
 	}
