@@ -328,7 +328,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		// must not be held open by its peer's server. The agent keeps a
 		// pending join alive itself.
 		KeepAlivePeriod: 0,
-		Allow0RTT:             false,
+		Allow0RTT:       false,
 	})
 	if err != nil {
 		return fmt.Errorf("quic listen: %w", err)
