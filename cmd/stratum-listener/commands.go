@@ -173,6 +173,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().IntVar(&cfg.UnprovenPerSource, "unproven-per-source", 8, "unproven join starts one address may make per --budget-window (-1: no budget)")
 	cmd.Flags().IntVar(&cfg.UnprovenPerPrefix, "unproven-per-prefix", 32, "unproven join starts one /24 (IPv4) or /64 (IPv6) may make per --budget-window")
 	cmd.Flags().DurationVar(&cfg.BudgetWindow, "budget-window", 10*time.Minute, "the window of the per-source budget of unproven starts")
+	cmd.Flags().DurationVar(&cfg.BudgetWait, "budget-wait", 10*time.Second, "how long a start over its source's budget waits for a proven start of that source to give its charge back")
 	cmd.Flags().DurationVar(&cfg.RenewGrace, "renew-grace", 96*time.Hour, "how long after expiry a node certificate still renews; later the node needs a new code")
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
