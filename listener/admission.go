@@ -37,6 +37,8 @@ type admission struct {
 	// wait for their source's budget.
 	refundMu sync.Mutex
 	refunded chan struct{}
+	// warned is when each source was last logged as over its budget.
+	warned map[netip.Addr]time.Time
 }
 
 var errSourceShare = errors.New("too many connections from this source")
@@ -200,6 +202,34 @@ func (l *Listener) refundProven(ctx context.Context) {
 		}
 		a.refundMu.Unlock()
 	})
+}
+
+// warnOverBudget logs a source over its budget once per window, so an
+// operator sees a sweep without one line per refused start.
+func (l *Listener) warnOverBudget(src netip.Addr) {
+	a := &l.adm
+	a.refundMu.Lock()
+	now := time.Now()
+	if a.warned == nil {
+		a.warned = map[netip.Addr]time.Time{}
+	}
+	last, seen := a.warned[src]
+	fresh := !seen || now.Sub(last) > l.cfg.BudgetWindow
+	if fresh {
+		if len(a.warned) > 4096 {
+			for k, t := range a.warned {
+				if now.Sub(t) > l.cfg.BudgetWindow {
+					delete(a.warned, k)
+				}
+			}
+		}
+		a.warned[src] = now
+	}
+	a.refundMu.Unlock()
+	if fresh {
+		l.logger.Warn("source over its budget of unproven join starts; its starts are refused JOIN_RATE_LIMITED until the window ends",
+			"source", src.String(), "prefix", cluster.SourcePrefix(src).String(), "window", l.cfg.BudgetWindow.String())
+	}
 }
 
 // rateLimited answers a start over its source's budget: before any KE2,

@@ -466,6 +466,7 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 		return errCodeInternal
 	}
 	if !ok {
+		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
 		if err := rateLimited(str, after); err != nil {
 			return errCodeProtocol
 		}
