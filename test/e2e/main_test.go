@@ -33,16 +33,23 @@ type listenerProc struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	logs     []string // stderr of earlier runs
+	serve    []string // extra serve flags
 }
 
 func newListener(t *testing.T, extraInit ...string) *listenerProc {
+	t.Helper()
+	return newListenerServe(t, nil, extraInit...)
+}
+
+// newListenerServe is newListener with extra flags for serve.
+func newListenerServe(t *testing.T, serve []string, extraInit ...string) *listenerProc {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("/tmp", "sje2e")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t)}
+	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serve: serve}
 	run(t, nil, "stratum-listener", append([]string{"init", "--data", p.data, "--light-ksf", "--endpoint", p.endpoint}, extraInit...)...)
 	p.start()
 	t.Cleanup(p.stop)
@@ -53,6 +60,7 @@ func (p *listenerProc) start() {
 	p.t.Helper()
 	p.stderr = new(bytes.Buffer)
 	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug")
+	p.cmd.Args = append(p.cmd.Args, p.serve...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
