@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/testenv"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
 
@@ -192,6 +193,7 @@ func abort(t *testing.T, cmd *exec.Cmd) {
 // under the same settings, does dump a core that holds it, so the check
 // would see a leak.
 func TestAgentCoreHoldsNoCode(t *testing.T) {
+	testenv.NeedRoot(t, "set the core size limit and core_pattern")
 	corePattern(t)
 	allowCores(t)
 	sec, err := joincode.NewCode("7Q")
