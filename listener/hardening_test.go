@@ -70,7 +70,7 @@ func TestSelectorSweepFromOneSourceBurnsNothing(t *testing.T) {
 		sec, c := mint(t, l, adminapi.MintCodeRequest{})
 		secs, ids = append(secs, sec), append(ids, c.ID)
 	}
-	var challenges, limited atomic.Int32
+	var challenges, limited, turnedAway atomic.Int32
 	jobs := make(chan joincode.Secret)
 	var wg sync.WaitGroup
 	for range 48 {
@@ -79,7 +79,12 @@ func TestSelectorSweepFromOneSourceBurnsNothing(t *testing.T) {
 			defer wg.Done()
 			for bad := range jobs {
 				out, err := rawJoin{Secret: bad, StopAfterChallenge: true}.run(context.Background(), l.Endpoint)
+				var te *quic.TransportError
 				switch {
+				case errors.As(err, &te) && te.ErrorCode == quic.ConnectionRefused:
+					// past the source's share of connections (closing ones
+					// linger on a slow machine): no start at all
+					turnedAway.Add(1)
 				case err != nil:
 					t.Errorf("sweep start: %v", err)
 				case len(out.Results) == 1:
@@ -113,8 +118,8 @@ func TestSelectorSweepFromOneSourceBurnsNothing(t *testing.T) {
 			burned++
 		}
 	}
-	t.Logf("704 sweep starts: %d Challenges, %d JOIN_RATE_LIMITED; %d codes with a counted attempt, %d burned", challenges.Load(), limited.Load(), withCount, burned)
-	if challenges.Load() > 8 || challenges.Load()+limited.Load() != 704 || withCount > 8 || burned != 0 || counted.Load() > 8 {
+	t.Logf("704 sweep starts: %d Challenges, %d JOIN_RATE_LIMITED, %d connections refused; %d codes with a counted attempt, %d burned", challenges.Load(), limited.Load(), turnedAway.Load(), withCount, burned)
+	if challenges.Load() > 8 || challenges.Load()+limited.Load()+turnedAway.Load() != 704 || limited.Load() == 0 || withCount > 8 || burned != 0 || counted.Load() > 8 {
 		t.Fatalf("sweep: %d Challenges (%d counted), %d limited, %d codes counted, %d burned", challenges.Load(), counted.Load(), limited.Load(), withCount, burned)
 	}
 	start := time.Now()
