@@ -208,7 +208,15 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused {
 			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 		}
-		return nil, refusal(&res)
+		// Nothing authenticates the listener yet: only the retryable
+		// JOIN_RATE_LIMITED is taken from it here, so a fake listener
+		// cannot make the agent give up its code for good.
+		if res.Code != wire.CodeRateLimited {
+			return nil, &UnreachableError{fmt.Errorf("the listener refused the start (%s) before proving it holds the code's record", res.Code)}
+		}
+		r := refusal(&res)
+		r.RetryAfter = min(r.RetryAfter, maxRetryAfter)
+		return nil, r
 	}
 	if err := wire.Decode(typ, body, &ch); err != nil {
 		return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
@@ -271,6 +279,10 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		return accept(&res, root, trustDomain, key, cfg)
 	}
 }
+
+// maxRetryAfter caps the wait a listener may ask for before it has proved
+// itself: the default budget window.
+const maxRetryAfter = 10 * time.Minute
 
 func refusal(res *wire.Result) *RefusedError {
 	return &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
