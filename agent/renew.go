@@ -25,6 +25,9 @@ type RenewConfig struct {
 	Timeout     time.Duration
 	// Dial overrides the QUIC dial (tests pick the source address).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// TPM locates the TPM that holds the node key when it is not where
+	// the node joined with (node.json's tpm).
+	TPM string
 }
 
 // Renew exchanges the node's current certificate (even one that expired
@@ -48,9 +51,17 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 	if !ok {
 		return id, &localError{errors.New("not joined")}
 	}
-	key, err := st.Key()
+	locator := cfg.TPM
+	if locator == "" {
+		locator = id.TPM
+	}
+	key, tp, err := st.nodeKey(locator)
 	if err != nil {
 		return id, &localError{err}
+	}
+	if tp != nil {
+		defer tp.Close()
+		id.TPM = locator
 	}
 	chain, err := st.Chain()
 	if err != nil {

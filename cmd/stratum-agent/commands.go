@@ -62,7 +62,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand())
 	return root
 }
 
@@ -142,6 +142,7 @@ func joinCommand() *cobra.Command {
 	var cfg agent.JoinConfig
 	var code, codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
@@ -169,6 +170,9 @@ func joinCommand() *cobra.Command {
 				return err
 			}
 			cfg.Secret, cfg.Facts = sec, rep.Facts
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
+			}
 			cfg.OnPending = func(joinID string) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "waiting for approval of join %s (an admin runs: stratum-listener joins approve %s)\n", joinID, joinID)
 			}
@@ -186,6 +190,7 @@ func joinCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }
 
@@ -285,6 +290,11 @@ func statusCommand() *cobra.Command {
 			if id.LastError != "" {
 				lastErr = id.LastError
 			}
+			key := "file " + agent.KeyFile
+			if id.TPM != "" {
+				key = "in the TPM " + id.TPM
+			}
+			fmt.Fprintf(w, "node key     %s\n", key)
 			fmt.Fprintf(w, "last renewal %s\nlast error   %s\n", renewal, lastErr)
 			return nil
 		},
@@ -303,6 +313,7 @@ func runCommand() *cobra.Command {
 	var cfg agent.RunConfig
 	var codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
@@ -331,6 +342,10 @@ func runCommand() *cobra.Command {
 			if err := agent.ProtectSecrets(); err != nil {
 				return err
 			}
+			var err error
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
+			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
 			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
 				rep, err := hw.collect(ctx, cfg.Logger)
@@ -341,7 +356,7 @@ func runCommand() *cobra.Command {
 			if iv, err := systemd.WatchdogInterval(); err == nil && iv > 0 {
 				go n.RunWatchdog(cmd.Context(), iv)
 			}
-			err := agent.Run(cmd.Context(), cfg)
+			err = agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
 				return explain(err)
@@ -355,5 +370,6 @@ func runCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }

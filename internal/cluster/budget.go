@@ -6,16 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/store"
 )
 
-// pfxBudget holds the per-source budgets of unproven starts:
-// budget/<address> and budget/<prefix> -> budgetEntry. Keeping them in the
-// store makes listeners that share a store share the budget.
-const pfxBudget = "budget/"
+// The per-source budgets of unproven starts are kept in the store
+// (budgetKey), so listeners that share a store share the budget.
 
 // Budget bounds the unproven starts one source may have counted per
 // window: an address, and the /24 (IPv4) or /64 (IPv6) it sits in. A
@@ -71,49 +68,44 @@ func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch
 	}
 	var slots []slot
 	if b.PerAddress > 0 {
-		slots = append(slots, slot{pfxBudget + src.String(), b.PerAddress})
+		slots = append(slots, slot{budgetKey(src.String()), b.PerAddress})
 	}
 	if b.PerPrefix > 0 {
-		slots = append(slots, slot{pfxBudget + strings.ReplaceAll(SourcePrefix(src).String(), "/", "_"), b.PerPrefix})
+		slots = append(slots, slot{budgetKey(SourcePrefix(src).String()), b.PerPrefix})
 	}
 	if len(slots) == 0 {
 		return Charge{}, true, 0, nil
 	}
-	for range maxCASRounds {
+	err = c.update(ctx, func(tx *txn) error {
 		now := c.now()
 		start := now.Truncate(b.Window)
 		window := start.Unix()
-		var cmps []store.Cmp
-		var ops []store.Op
-		for _, s := range slots {
-			var e budgetEntry
-			rev, _, err := getJSON(ctx, c.store, s.key, &e)
-			if err != nil {
-				return Charge{}, false, 0, fmt.Errorf("read budget: %w", err)
+		ch, ok, retryAfter = Charge{window: window}, true, 0
+		entries := make([]budgetEntry, len(slots))
+		for i, s := range slots {
+			if _, err := tx.getJSON(s.key, &entries[i]); err != nil {
+				return fmt.Errorf("read budget: %w", err)
 			}
-			if e.Window != window {
-				e = budgetEntry{Window: window}
+			if entries[i].Window != window {
+				entries[i] = budgetEntry{Window: window}
 			}
-			if e.Used >= s.limit {
-				return Charge{}, false, start.Add(b.Window).Sub(now), nil
+			if entries[i].Used >= s.limit {
+				// nothing is written for a refused start
+				ch, ok, retryAfter = Charge{}, false, start.Add(b.Window).Sub(now)
+				return nil
 			}
-			e.Used++
-			cmps = append(cmps, store.Cmp{Key: s.key, Rev: rev})
-			ops = append(ops, putJSON(s.key, e))
 		}
-		done, err := c.store.Txn(ctx, cmps, ops)
-		if err != nil {
-			return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
+		for i, s := range slots {
+			entries[i].Used++
+			tx.put(s.key, entries[i])
+			ch.keys = append(ch.keys, s.key)
 		}
-		if done {
-			ch := Charge{window: window}
-			for _, s := range slots {
-				ch.keys = append(ch.keys, s.key)
-			}
-			return ch, true, 0, nil
-		}
+		return nil
+	})
+	if err != nil {
+		return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
 	}
-	return Charge{}, false, 0, ErrConflict
+	return ch, ok, retryAfter, nil
 }
 
 // Refund gives a proven start's charge back, if its window still runs.
@@ -121,12 +113,10 @@ func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
 	if !ch.Charged() {
 		return nil
 	}
-	for range maxCASRounds {
-		var cmps []store.Cmp
-		var ops []store.Op
+	err := c.update(ctx, func(tx *txn) error {
 		for _, key := range ch.keys {
 			var e budgetEntry
-			rev, found, err := getJSON(ctx, c.store, key, &e)
+			found, err := tx.getJSON(key, &e)
 			if err != nil {
 				return fmt.Errorf("read budget: %w", err)
 			}
@@ -134,21 +124,14 @@ func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
 				continue
 			}
 			e.Used--
-			cmps = append(cmps, store.Cmp{Key: key, Rev: rev})
-			ops = append(ops, putJSON(key, e))
+			tx.put(key, e)
 		}
-		if len(ops) == 0 {
-			return nil
-		}
-		done, err := c.store.Txn(ctx, cmps, ops)
-		if err != nil {
-			return fmt.Errorf("refund budget: %w", err)
-		}
-		if done {
-			return nil
-		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("refund budget: %w", err)
 	}
-	return ErrConflict
+	return nil
 }
 
 // SweepBudgets deletes budget entries whose window ended before now-w, so
@@ -182,9 +165,9 @@ func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
 	if !att.Counted || att.Secret == nil {
 		return nil
 	}
-	for range maxCASRounds {
+	return c.update(ctx, func(tx *txn) error {
 		var s Secret
-		rev, found, err := getJSON(ctx, c.store, pfxSecret+att.Secret.ID, &s)
+		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
 		if err != nil || !found {
 			return err
 		}
@@ -192,10 +175,7 @@ func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
 			s.Unproven--
 		}
 		s.dropLease(att.LeaseID)
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, []store.Op{putJSON(pfxSecret+s.ID, s)})
-		if err != nil || ok {
-			return err
-		}
-	}
-	return ErrConflict
+		tx.put(secretKey(s.ID), s)
+		return nil
+	})
 }

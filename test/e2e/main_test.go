@@ -33,7 +33,8 @@ type listenerProc struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	logs     []string // stderr of earlier runs
-	serve    []string // extra serve flags
+	// serveArgs are added to serve at the next start
+	serveArgs []string
 }
 
 func newListener(t *testing.T, extraInit ...string) *listenerProc {
@@ -49,7 +50,7 @@ func newListenerServe(t *testing.T, serve []string, extraInit ...string) *listen
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serve: serve}
+	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: serve}
 	run(t, nil, "stratum-listener", append([]string{"init", "--data", p.data, "--light-ksf", "--endpoint", p.endpoint}, extraInit...)...)
 	p.start()
 	t.Cleanup(p.stop)
@@ -59,8 +60,7 @@ func newListenerServe(t *testing.T, serve []string, extraInit ...string) *listen
 func (p *listenerProc) start() {
 	p.t.Helper()
 	p.stderr = new(bytes.Buffer)
-	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug")
-	p.cmd.Args = append(p.cmd.Args, p.serve...)
+	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug"}, p.serveArgs...)...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
