@@ -22,6 +22,8 @@ const (
 	defaultFirstStream          = 5 * time.Second
 	defaultRenewGrace           = 96 * time.Hour
 	defaultBudgetWait           = 10 * time.Second
+	// maxRetryAfter is the longest a start over budget is told to wait.
+	maxRetryAfter = 30 * time.Second
 )
 
 // admission holds the connection counts the accept path checks.
@@ -163,7 +165,10 @@ func (l *Listener) chargeStart(ctx context.Context, src netip.Addr) (context.Con
 			return ctx, 0, false, ctx.Err()
 		case <-wait.C:
 			poll.Stop()
-			return ctx, max(after, time.Second), false, nil
+			// The budget stays spent to the end of the window whatever the
+			// source is told, so honest holders are told to come back soon
+			// (their own starts may be refunded by then), not at the end.
+			return ctx, min(max(after, time.Second), maxRetryAfter), false, nil
 		case <-woken:
 		case <-poll.C:
 		}
