@@ -23,7 +23,11 @@ const (
 	pfxKeyIndex   = "joinkeys/" // joinkeys/<organization>/<id> -> key id (join keys listing)
 	pfxBudget     = "budget/"   // budget/<address> and budget/<prefix with _ for /> -> budgetEntry
 	keyUnmatched  = "stats/last-unmatched-attempt"
-	keySchema     = "meta/schema-version"
+	// keySharedIdentity holds the cluster's keys sealed under the
+	// key-encryption key (package keyseal): never a key in clear.
+	keySharedIdentity = "cluster/identity"
+	pfxEndpoint       = "cluster/endpoint/" // cluster/endpoint/<host:port> -> host:port agents may dial
+	keySchema         = "meta/schema-version"
 )
 
 func secretKey(id string) string            { return pfxSecret + id }
@@ -43,6 +47,7 @@ func keyCountKey(org string) string               { return pfxCount + pfxKeyInde
 func tokenIndexPrefix(tenant, pool string) string { return pfxTokenIndex + tenant + "/" + pool + "/" }
 func keyIndexPrefix(org string) string            { return pfxKeyIndex + org + "/" }
 func budgetKey(source string) string              { return pfxBudget + strings.ReplaceAll(source, "/", "_") }
+func endpointKey(ep string) string                { return pfxEndpoint + ep }
 
 // indexKeys are the listing keys that point at s: its pool's token list,
 // or its organization's join key list.
