@@ -55,6 +55,13 @@ type RunConfig struct {
 	// OnRetry, when set, is told of each wait before a join or renewal is
 	// tried again: attempt counts from 0, err is what failed.
 	OnRetry func(attempt int, wait time.Duration, err error)
+	// Watchdog, when set with a positive WatchdogInterval, is called that
+	// often by the service loop itself (WATCHDOG=1 in production): from its
+	// waits, and while it waits for a join or renewal it started. The pings
+	// come from no goroutine of their own, so a loop that stops turning
+	// (a deadlock, a stopped process) stops them and systemd restarts it.
+	Watchdog         func()
+	WatchdogInterval time.Duration
 }
 
 // ErrNeedsNewCode is returned when the listener refuses to renew the
@@ -137,7 +144,7 @@ func run(ctx context.Context, cfg *RunConfig) error {
 			wait = overdueWait(id, now, cfg.Rand())
 		}
 		cfg.Logger.Info("next renewal", "at", now.Add(wait).UTC().Format(time.RFC3339), "nodeId", id.NodeID)
-		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+		if err := cfg.sleep(ctx, wait); err != nil {
 			return err
 		}
 		cfg.status("renewing")
@@ -191,15 +198,54 @@ func Backoff(n int, base, max time.Duration, r float64) time.Duration {
 	return time.Duration(r * float64(ceil))
 }
 
-func sleep(ctx context.Context, c Clock, d time.Duration) error {
+// sleep waits d or until ctx ends, pinging the watchdog meanwhile.
+func (c *RunConfig) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.After(d):
+	wake := c.Clock.After(d)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+			return nil
+		case <-c.tick():
+			c.Watchdog()
+		}
+	}
+}
+
+// tick fires at the next watchdog ping, or never when there is none.
+func (c *RunConfig) tick() <-chan time.Time {
+	if c.Watchdog == nil || c.WatchdogInterval <= 0 {
 		return nil
+	}
+	return c.Clock.After(c.WatchdogInterval)
+}
+
+// await runs one join or renewal while the service loop goes on pinging
+// the watchdog, and returns what it returned. The step ends when ctx does.
+func await[T any](ctx context.Context, c *RunConfig, step func() (T, error)) (T, error) {
+	if c.Watchdog == nil || c.WatchdogInterval <= 0 {
+		return step()
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := step()
+		done <- result{v, err}
+	}()
+	for {
+		select {
+		case r := <-done:
+			return r.v, r.err
+		case <-c.tick():
+			c.Watchdog()
+		}
 	}
 }
 
@@ -222,7 +268,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		cfg.status("joining " + cfg.Endpoint)
 		var facts wire.Facts
 		if cfg.Facts != nil {
-			if facts, err = cfg.Facts(ctx); err != nil {
+			if facts, err = await(ctx, cfg, func() (wire.Facts, error) { return cfg.Facts(ctx) }); err != nil {
 				return Identity{}, err
 			}
 		}
@@ -234,7 +280,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		if cfg.JoinConfig != nil {
 			cfg.JoinConfig(&jc)
 		}
-		j, err := Join(ctx, jc)
+		j, err := await(ctx, cfg, func() (*Joined, error) { return Join(ctx, jc) })
 		if err == nil {
 			return j.Identity, nil
 		}
@@ -259,7 +305,7 @@ func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause e
 	if c.OnRetry != nil {
 		c.OnRetry(attempt, wait, cause)
 	}
-	return sleep(ctx, c.Clock, wait)
+	return c.sleep(ctx, wait)
 }
 
 func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
@@ -269,7 +315,7 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		if cfg.RenewConfig != nil {
 			cfg.RenewConfig(&rc)
 		}
-		id, err := Renew(ctx, rc)
+		id, err := await(ctx, cfg, func() (Identity, error) { return Renew(ctx, rc) })
 		if err == nil {
 			return id, nil
 		}

@@ -327,8 +327,14 @@ func runCommand() *cobra.Command {
 			}
 			n := systemd.NewNotifier(cfg.Logger)
 			cfg.Notifier = n
+			// The service loop itself pings, so a stuck loop is restarted.
 			if iv, err := systemd.WatchdogInterval(); err == nil && iv > 0 {
-				go n.RunWatchdog(cmd.Context(), iv)
+				cfg.WatchdogInterval = iv
+				cfg.Watchdog = func() {
+					if err := n.Watchdog(); err != nil {
+						cfg.Logger.Warn("systemd watchdog ping failed", "err", err)
+					}
+				}
 			}
 			err := agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
