@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -17,8 +18,10 @@ import (
 
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/hwid"
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
 	"github.com/stratumjoin/stratum/systemd"
 )
 
@@ -35,6 +38,8 @@ func usage(format string, a ...any) error {
 	return &exitError{2, fmt.Errorf(format, a...)}
 }
 
+// exitCode is the exit contract (docs/operations.md): 2 usage or a cause
+// no retry fixes on this machine, 1 refused for good, 3 transient.
 func exitCode(err error) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
@@ -42,13 +47,16 @@ func exitCode(err error) int {
 	}
 	var unreachable *agent.UnreachableError
 	if errors.As(err, &unreachable) {
-		return 3
+		return cli.ExitTransient
 	}
 	var refused *agent.RefusedError
 	if errors.As(err, &refused) && refused.Retryable() {
-		return 3
+		return cli.ExitTransient
 	}
-	return 1
+	if errors.Is(err, fs.ErrPermission) {
+		return cli.ExitUsage
+	}
+	return cli.ExitRefused
 }
 
 var jsonOut bool
@@ -63,6 +71,7 @@ func rootCommand() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
 	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
 	return root
 }
 
@@ -149,7 +158,13 @@ func joinCommand() *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Endpoint == "" {
-				return usage("--endpoint is required")
+				cfg.Endpoint = os.Getenv("STRATUM_ENDPOINT")
+			}
+			if cfg.CAFingerprint == "" {
+				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
+			}
+			if err := checkTarget(&cfg.Endpoint, cfg.CAFingerprint, true); err != nil {
+				return err
 			}
 			sec, err := readSecret(cmd, code, codeFile)
 			if err != nil {
@@ -170,23 +185,46 @@ func joinCommand() *cobra.Command {
 			}
 			j, err := agent.Join(cmd.Context(), cfg)
 			if err != nil {
-				return explain(err)
+				return explain(err, cfg.Endpoint)
 			}
 			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port")
+	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host[:port] (port 9444 unless given; default $STRATUM_ENDPOINT)")
 	cmd.Flags().StringVar(&code, "code", "", "the join code; - reads it from stdin (on the command line, ps shows it)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "read the join code from this file")
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
-	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another")
+	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another (default $STRATUM_CA_FINGERPRINT)")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
 	hw.register(cmd)
 	return cmd
 }
 
+// checkTarget checks --endpoint and --ca-fingerprint before anything is
+// dialled, so a typo is a usage error and not a retry loop. The endpoint
+// gets port 9444 when it names none.
+func checkTarget(endpoint *string, fingerprint string, needEndpoint bool) error {
+	if *endpoint == "" {
+		if needEndpoint {
+			return usage("--endpoint is required (or set STRATUM_ENDPOINT)")
+		}
+		return usage("--endpoint is required until the node has joined (or set STRATUM_ENDPOINT)")
+	}
+	ep, err := wire.Endpoint(*endpoint)
+	if err != nil {
+		return usage("--endpoint: %w", err)
+	}
+	*endpoint = ep
+	if fingerprint != "" {
+		if _, err := pki.ParseFingerprint(fingerprint); err != nil {
+			return usage("--ca-fingerprint: %w", err)
+		}
+	}
+	return nil
+}
+
 // explain turns an error into the sentence the operator reads.
-func explain(err error) error {
+func explain(err error, endpoint string) error {
 	var refused *agent.RefusedError
 	var unreachable *agent.UnreachableError
 	switch {
@@ -204,7 +242,9 @@ func explain(err error) error {
 		}
 		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
 	case errors.As(err, &unreachable):
-		return &exitError{3, err}
+		return &exitError{3, fmt.Errorf("%s: %w", endpoint, err)}
+	case errors.Is(err, fs.ErrPermission):
+		return &exitError{cli.ExitUsage, fmt.Errorf("%w: run as root, or give --state a directory this user may write", err)}
 	}
 	return err
 }
@@ -317,8 +357,8 @@ func runCommand() *cobra.Command {
 			if cfg.CAFingerprint == "" {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
 			}
-			if cfg.Endpoint == "" {
-				return usage("--endpoint (or STRATUM_ENDPOINT) is required until the node has joined")
+			if err := checkTarget(&cfg.Endpoint, cfg.CAFingerprint, false); err != nil {
+				return err
 			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
 			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
@@ -339,7 +379,7 @@ func runCommand() *cobra.Command {
 			err := agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
-				return explain(err)
+				return explain(err, cfg.Endpoint)
 			}
 			return nil
 		},

@@ -13,8 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/wire"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
 	_ "github.com/stratumjoin/stratum/internal/store/etcdstore" // etcd:// store
 	"github.com/stratumjoin/stratum/listener"
@@ -26,7 +28,10 @@ import (
 
 type usageError struct{ error }
 
-var jsonOut bool
+var (
+	jsonOut     bool
+	adminSocket string
+)
 
 func rootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -37,7 +42,9 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
+	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (default $STRATUM_ADMIN_SOCKET or "+adminclient.DefaultSocket+")")
 	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
+	cli.RequireSubcommands(root, func(err error) error { return usageError{err} })
 	return root
 }
 
@@ -56,7 +63,7 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func client() *adminclient.Client { return adminclient.New(adminclient.SocketFromEnv()) }
+func client() *adminclient.Client { return adminclient.New(adminSocket) }
 
 func initCommand() *cobra.Command {
 	var cfg listener.InitConfig
@@ -69,6 +76,11 @@ func initCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.DataDir == "" {
 				return usageError{fmt.Errorf("--data is required")}
+			}
+			for _, ep := range cfg.Endpoints {
+				if _, err := wire.Endpoint(ep); err != nil {
+					return usageError{fmt.Errorf("--endpoint: %w", err)}
+				}
 			}
 			if (caCert == "") != (caKey == "") {
 				return usageError{fmt.Errorf("--ca-cert and --ca-key go together")}
@@ -100,7 +112,7 @@ func initCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory (created 0700)")
 	cmd.Flags().StringVar(&cfg.TrustDomain, "trust-domain", "stratum.local", "SPIFFE trust domain of node identities")
-	cmd.Flags().StringSliceVar(&cfg.Endpoints, "endpoint", nil, "host:port agents dial (repeatable; default 127.0.0.1:9444)")
+	cmd.Flags().StringSliceVar(&cfg.Endpoints, "endpoint", nil, "host[:port] agents dial, port 9444 unless given (repeatable; default 127.0.0.1:9444)")
 	cmd.Flags().StringVar(&caCert, "ca-cert", "", "import this CA certificate chain (PEM, CA first, root last) instead of creating a root")
 	cmd.Flags().StringVar(&caKey, "ca-key", "", "the imported CA's private key (PEM)")
 	cmd.Flags().BoolVar(&light, "light-ksf", false, "use the lightest Argon2id parameters accepted (t=1, 8 MiB) instead of t=3, 64 MiB")
@@ -124,6 +136,7 @@ func serveCommand() *cobra.Command {
 				return usageError{fmt.Errorf("--log-level: %w", err)}
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			cfg.AdminSocket = adminSocket
 			if registryFile != "" {
 				reg, err := registry.Load(registryFile)
 				if err != nil {
@@ -163,7 +176,6 @@ func serveCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory made by init")
 	cmd.Flags().StringVar(&cfg.Listen, "listen", ":9444", "UDP address for QUIC (unless socket-activated)")
-	cmd.Flags().StringVar(&cfg.AdminSocket, "admin-socket", adminclient.SocketFromEnv(), "admin unix socket")
 	cmd.Flags().StringVar(&cfg.StoreURL, "store", "", "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "connections served at once; agents beyond it back off and retry")
