@@ -16,9 +16,9 @@ import (
 	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
-	"github.com/stratumjoin/stratum/internal/wire"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
 	_ "github.com/stratumjoin/stratum/internal/store/etcdstore" // etcd:// store
+	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
