@@ -62,6 +62,7 @@ type RunConfig struct {
 	// (a deadlock, a stopped process) stops them and systemd restarts it.
 	Watchdog         func()
 	WatchdogInterval time.Duration
+	lastPing         time.Time
 }
 
 // ErrNeedsNewCode is returned when the listener refuses to renew the
@@ -211,17 +212,25 @@ func (c *RunConfig) sleep(ctx context.Context, d time.Duration) error {
 		case <-wake:
 			return nil
 		case <-c.tick():
-			c.Watchdog()
+			c.ping()
 		}
 	}
 }
 
-// tick fires at the next watchdog ping, or never when there is none.
+// tick fires when the next watchdog ping is due, or never when there is
+// none. The pings keep one schedule across waits: a wait that starts its
+// own interval afresh could leave almost two intervals between pings.
 func (c *RunConfig) tick() <-chan time.Time {
 	if c.Watchdog == nil || c.WatchdogInterval <= 0 {
 		return nil
 	}
-	return c.Clock.After(c.WatchdogInterval)
+	return c.Clock.After(c.lastPing.Add(c.WatchdogInterval).Sub(c.Clock.Now()))
+}
+
+// ping sends one watchdog ping and starts the next interval.
+func (c *RunConfig) ping() {
+	c.lastPing = c.Clock.Now()
+	c.Watchdog()
 }
 
 // await runs one join or renewal while the service loop goes on pinging
@@ -244,7 +253,7 @@ func await[T any](ctx context.Context, c *RunConfig, step func() (T, error)) (T,
 		case r := <-done:
 			return r.v, r.err
 		case <-c.tick():
-			c.Watchdog()
+			c.ping()
 		}
 	}
 }
