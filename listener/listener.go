@@ -65,6 +65,13 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// MetricsListen is the TCP address of /metrics, /healthz and /readyz
+	// ("" = none); MetricsListener, when set, is used instead.
+	MetricsListen   string
+	MetricsListener net.Listener
+	// StoreHealth, when set, answers /readyz's store check instead of a
+	// read of the store (a store that tracks its own health sets it).
+	StoreHealth func(ctx context.Context) error
 }
 
 // Hooks are test observation points; all optional.
@@ -105,6 +112,10 @@ type Listener struct {
 
 	addr net.Addr
 
+	metrics       *metrics
+	metricsAddr   net.Addr
+	proofFailures proofFailures
+
 	apiOnce   sync.Once
 	api       *adminapi.Server
 	httpsAddr net.Addr
@@ -135,6 +146,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}}
 	l.limiters.perSecond = cfg.RetryAbove
+	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
 	if err != nil {
 		return nil, fmt.Errorf("read opaque keys: %w", err)
@@ -267,11 +279,19 @@ func (l *Listener) Run(ctx context.Context) error {
 		Conn:                pc,
 		StatelessResetKey:   &resetKey,
 		TokenGeneratorKey:   &tokenKey,
-		VerifySourceAddress: l.limiters.overRate,
+		VerifySourceAddress: func(addr net.Addr) bool {
+			retry := l.limiters.overRate(addr)
+			if retry {
+				l.metrics.retries.Inc()
+			}
+			return retry
+		},
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
 			if l.active.Load() >= int64(l.cfg.MaxConnections) {
+				l.metrics.conns.WithLabelValues("refused").Inc()
 				return nil, errTooManyConnections
 			}
+			l.metrics.conns.WithLabelValues("accepted").Inc()
 			if h := l.cfg.Hooks.Accept; h != nil {
 				h(ci.AddrVerified)
 			}
@@ -311,6 +331,24 @@ func (l *Listener) Run(ctx context.Context) error {
 		defer srv.Close()
 		go func() { adminErr <- srv.run() }()
 	}
+	if ml := l.cfg.MetricsListener; ml != nil || l.cfg.MetricsListen != "" {
+		if ml == nil {
+			if ml, err = net.Listen("tcp", l.cfg.MetricsListen); err != nil {
+				return fmt.Errorf("metrics listen %s: %w", l.cfg.MetricsListen, err)
+			}
+		}
+		l.mu.Lock()
+		l.metricsAddr = ml.Addr()
+		l.mu.Unlock()
+		go l.serveMetrics(ctx, ml)
+	}
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		l.runFailureFlush(ctx)
+	}()
+	// before the store closes: the last failed proofs become events
+	defer func() { <-flushed }()
 	l.logger.Info("listening", "addr", l.addr.String(), "trustDomain", l.settings.TrustDomain, "caFingerprint", l.caFP)
 	if l.cfg.Ready != nil {
 		l.cfg.Ready(l.addr)
@@ -369,6 +407,7 @@ const resultGrace = 30 * time.Second
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	l.active.Add(1)
 	defer l.active.Add(-1)
+	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
 	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(errCodeShutdown, "listener shutting down") })
 	defer stop()
@@ -386,10 +425,7 @@ func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 			conn.CloseWithError(errCodeInternal, "")
 			return
 		}
-		code, err := l.Join(ctx, str, exporter)
-		if err != nil {
-			l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
-		}
+		code, _ := l.Join(ctx, str, exporter) // the join's report logs how it ended
 		str.Close()
 		// give the agent time to read the last frame before closing
 		if code == errCodeDone {

@@ -182,6 +182,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
+	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this TCP address, e.g. 127.0.0.1:9446 (default: off)")
 	return cmd
 }
 

@@ -20,6 +20,8 @@ type Attempt struct {
 	Secret  *Secret // nil for an unknown locator
 	Counted bool
 	LeaseID string
+	// Burned: this start took the secret past MaxUnproven and burned it.
+	Burned bool
 }
 
 // LeaseTime bounds how long a counted attempt may stay in flight before
@@ -80,7 +82,7 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 		}
 		if ok {
 			c.logEvents(evs...)
-			return Attempt{Secret: s, Counted: counted, LeaseID: leaseID}, nil
+			return Attempt{Secret: s, Counted: counted, LeaseID: leaseID, Burned: !counted}, nil
 		}
 	}
 	return Attempt{}, ErrConflict
@@ -152,6 +154,8 @@ type ProveRequest struct {
 	CurrentCA string // fingerprint of the current root
 	NewNodeID func() (string, error)
 	Issue     Issuer
+	// Remote is the agent's address, recorded in the node.joined event.
+	Remote string
 }
 
 // Outcome is what a proven join leads to.
@@ -388,6 +392,9 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 	s.Registrations++
 	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putJSON(pfxJoin+j.ID, j), putString(pfxSerial+cert.Serial, serialOwner(n)))
 	fields := map[string]string{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	if req.Remote != "" {
+		fields["remoteAddr"] = req.Remote
+	}
 	if reclaimed {
 		c.event(tx, EventNodeReclaimed, SystemActor, fields)
 	} else {
