@@ -55,6 +55,8 @@ type RunConfig struct {
 	// OnRetry, when set, is told of each wait before a join or renewal is
 	// tried again: attempt counts from 0, err is what failed.
 	OnRetry func(attempt int, wait time.Duration, err error)
+	// OnRenewal, when set, is told how each renewal attempt ended.
+	OnRenewal func(err error)
 	// Watchdog, when set with a positive WatchdogInterval, is called that
 	// often by the service loop itself (WATCHDOG=1 in production): from its
 	// waits, and while it waits for a join or renewal it started. The pings
@@ -325,6 +327,9 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			cfg.RenewConfig(&rc)
 		}
 		id, err := await(ctx, cfg, func() (Identity, error) { return Renew(ctx, rc) })
+		if cfg.OnRenewal != nil && ctx.Err() == nil {
+			cfg.OnRenewal(err)
+		}
 		if err == nil {
 			return id, nil
 		}

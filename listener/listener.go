@@ -276,9 +276,9 @@ func (l *Listener) Run(ctx context.Context) error {
 	resetKey := quic.StatelessResetKey(l.derivedKey("quic stateless reset"))
 	tokenKey := quic.TokenGeneratorKey(l.derivedKey("quic token"))
 	tr := &quic.Transport{
-		Conn:                pc,
-		StatelessResetKey:   &resetKey,
-		TokenGeneratorKey:   &tokenKey,
+		Conn:              pc,
+		StatelessResetKey: &resetKey,
+		TokenGeneratorKey: &tokenKey,
 		VerifySourceAddress: func(addr net.Addr) bool {
 			retry := l.limiters.overRate(addr)
 			if retry {

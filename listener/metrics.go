@@ -110,6 +110,18 @@ func newMetrics(active func() float64) *metrics {
 	for _, o := range []string{"renewed", "refused", "error"} {
 		m.renewals.WithLabelValues(o)
 	}
+	// every series exists from the start, so rate() and alerts see zeros
+	m.attempts.WithLabelValues("true")
+	m.attempts.WithLabelValues("false")
+	for _, p := range []string{"hello", "challenge", "proof", "prove"} {
+		m.phase.WithLabelValues(p)
+	}
+	for _, op := range []string{"begin_attempt", "prove", "renew"} {
+		m.storeSeconds.WithLabelValues(op)
+		m.storeErrors.WithLabelValues(op)
+	}
+	m.conns.WithLabelValues("accepted")
+	m.conns.WithLabelValues("refused")
 	return m
 }
 

@@ -112,8 +112,10 @@ func TestMetricsAndHealth(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if strings.Contains(body, `stratum_listener_store_errors_total{`) {
-		t.Errorf("store errors counted on a healthy store:\n%s", grepLines(body, "store_errors"))
+	for _, op := range []string{"begin_attempt", "prove", "renew"} {
+		if !strings.Contains(body, "\nstratum_listener_store_errors_total{op=\""+op+"\"} 0\n") {
+			t.Errorf("store errors on a healthy store:\n%s", grepLines(body, "store_errors"))
+		}
 	}
 
 	// events: the join and the failed proofs name the remote address

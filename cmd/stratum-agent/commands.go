@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -336,7 +337,7 @@ func runCommand() *cobra.Command {
 	var cfg agent.RunConfig
 	var codeFile string
 	var hw hwidFlags
-	var logLevel string
+	var logLevel, metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
 		Short: "keep this machine joined: join if needed, then renew (the systemd service)",
@@ -376,6 +377,15 @@ func runCommand() *cobra.Command {
 					}
 				}
 			}
+			if metricsAddr != "" {
+				ln, err := listenMetrics(metricsAddr)
+				if err != nil {
+					return usage("--metrics: %w", err)
+				}
+				m := agent.NewMetrics(cfg.StateDir)
+				cfg.OnRetry, cfg.OnRenewal = m.Retried, m.Renewed
+				go m.Serve(cmd.Context(), ln, cfg.Logger)
+			}
 			err := agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
@@ -389,6 +399,19 @@ func runCommand() *cobra.Command {
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "join code file (default: the systemd credential join-code)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve Prometheus /metrics on this TCP address; a port alone means 127.0.0.1 (default: off)")
 	hw.register(cmd)
 	return cmd
+}
+
+// listenMetrics listens on addr; a port alone ("9447" or ":9447") is
+// loopback only: the agent's metrics are for a local scraper.
+func listenMetrics(addr string) (net.Listener, error) {
+	if !strings.Contains(addr, ":") {
+		addr = ":" + addr
+	}
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	return net.Listen("tcp", addr)
 }
