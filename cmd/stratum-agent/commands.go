@@ -72,6 +72,8 @@ func rootCommand() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
 	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	cli.AddVersion(root, &jsonOut)
+	cli.AddDocs(root)
 	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
 	return root
 }

@@ -44,6 +44,8 @@ func rootCommand() *cobra.Command {
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
 	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (default $STRATUM_ADMIN_SOCKET or "+adminclient.DefaultSocket+")")
 	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
+	cli.AddVersion(root, &jsonOut)
+	cli.AddDocs(root)
 	cli.RequireSubcommands(root, func(err error) error { return usageError{err} })
 	return root
 }
