@@ -65,6 +65,9 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// HTTPSNames are extra DNS names or IP addresses for the HTTPS admin
+	// certificate (the join endpoints' names are always in it).
+	HTTPSNames []string
 	// MetricsListen is the TCP address of /metrics, /healthz and /readyz
 	// ("" = none); MetricsListener, when set, is used instead.
 	MetricsListen   string

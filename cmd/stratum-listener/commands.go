@@ -42,8 +42,12 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (default $STRATUM_ADMIN_SOCKET or "+adminclient.DefaultSocket+")")
+	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (or set STRATUM_ADMIN_SOCKET)")
 	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
+	// every flag also from STRATUM_<FLAG> (the unit's listener.env)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		return cli.FlagsFromEnv(cmd, func(err error) error { return usageError{err} })
+	}
 	cli.AddVersion(root, &jsonOut)
 	cli.AddDocs(root)
 	cli.RequireSubcommands(root, func(err error) error { return usageError{err} })
@@ -135,7 +139,7 @@ func serveCommand() *cobra.Command {
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return usageError{fmt.Errorf("--log-level: %w", err)}
+				return usageError{fmt.Errorf("--log-level (or STRATUM_LOG_LEVEL): %w", err)}
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			cfg.AdminSocket = adminSocket
@@ -184,6 +188,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
+	cmd.Flags().StringSliceVar(&cfg.HTTPSNames, "https-name", nil, "another DNS name or IP address for the HTTPS admin certificate (repeatable; the join endpoints' names are always in it)")
 	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this TCP address, e.g. 127.0.0.1:9446 (default: off)")
 	return cmd
 }

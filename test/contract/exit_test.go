@@ -226,6 +226,9 @@ func TestExitContract(t *testing.T) {
 		{name: "listener serve without data", bin: "stratum-listener", args: []string{"serve"}, want: 2, say: []string{"--data"}, unit: "stratum-listener.service"},
 		{name: "listener serve never initialised", bin: "stratum-listener", args: []string{"serve", "--data", uninit, "--listen", "127.0.0.1:0", "--admin-socket", filepath.Join(tmp, "u.sock")}, want: 2, say: []string{"not initialized", "stratum-listener init"}, unit: "stratum-listener.service"},
 		{name: "listener serve bad log level", bin: "stratum-listener", args: []string{"serve", "--data", srv.data, "--log-level", "loud"}, want: 2, say: []string{"--log-level"}, unit: "stratum-listener.service"},
+		{name: "listener bad log level from env", bin: "stratum-listener", args: []string{"serve", "--data", srv.data}, opts: runOpts{env: []string{"STRATUM_LOG_LEVEL=loud"}}, want: 2, say: []string{"STRATUM_LOG_LEVEL", "--log-level"}, unit: "stratum-listener.service"},
+		{name: "listener bad duration from env", bin: "stratum-listener", args: []string{"--admin-socket", srv.sock, "codes", "create"}, opts: runOpts{env: []string{"STRATUM_TTL=1x"}}, want: 2, say: []string{"STRATUM_TTL", "--ttl"}},
+		{name: "listener data dir from env, never initialised", bin: "stratum-listener", args: []string{"serve", "--listen", "127.0.0.1:0", "--admin-socket", filepath.Join(tmp, "u2.sock")}, opts: runOpts{env: []string{"STRATUM_DATA=" + uninit}}, want: 2, say: []string{uninit, "not initialized"}, unit: "stratum-listener.service"},
 		{name: "listener admin socket not root's", bin: "stratum-listener", args: []string{"--admin-socket", srv.sock, "codes", "list"}, opts: runOpts{nobody: true}, want: 2, say: []string{srv.sock, "permission denied", "root"}, never: []string{"http://"}},
 
 		// --- refused for good (1) ---
@@ -246,6 +249,10 @@ func TestExitContract(t *testing.T) {
 		{name: "agent joins", bin: "stratum-agent", args: []string{"join", "--endpoint", srv.endpoint, "--code-file", goodFile, "--state", state()}, want: 0},
 		{name: "listener group alone prints help", bin: "stratum-listener", args: []string{"codes"}, want: 0},
 		{name: "listener codes list", bin: "stratum-listener", args: []string{"--admin-socket", srv.sock, "codes", "list"}, want: 0},
+		{name: "listener codes list, flag from env", bin: "stratum-listener", args: []string{"codes", "list", "--all"}, opts: runOpts{env: []string{"STRATUM_ADMIN_SOCKET=/nonexistent", "STRATUM_ADMIN_SOCKET=" + srv.sock}}, want: 0},
+		{name: "listener command line beats env", bin: "stratum-listener", args: []string{"--admin-socket", missingSock, "codes", "list"}, opts: runOpts{env: []string{"STRATUM_ADMIN_SOCKET=" + srv.sock}}, want: 3, say: []string{missingSock}},
+		{name: "listener version", bin: "stratum-listener", args: []string{"--version"}, want: 0},
+		{name: "agent version", bin: "stratum-agent", args: []string{"version", "--json"}, want: 0},
 	}
 	prevent := map[string][]int{
 		"stratum-agent.service":    restartPrevented(t, "stratum-agent.service"),
