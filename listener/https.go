@@ -100,7 +100,7 @@ func (l *Listener) serveHTTPS(ctx context.Context) (*httpsServer, error) {
 		ErrorLog:          slog.NewLogLogger(l.logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		TLSConfig: &tls.Config{
-			MinVersion: tls.VersionTLS13,
+			MinVersion:     tls.VersionTLS13,
 			GetCertificate: getCert,
 		},
 	}
