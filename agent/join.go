@@ -24,6 +24,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/tpm"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
@@ -48,6 +49,12 @@ type JoinConfig struct {
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// TPM locates the TPM that holds the node key (a device path, or
+	// "sim:HOST:PORT"); "" keeps the key in a file (docs/tpm.md).
+	TPM string
+
+	attestation *tpm.Attestation // the TPM's claim, sent with the Proof
+	csr         []byte           // made before the attestation
 }
 
 // Errors a join can end with. RefusedError carries the listener's reason.
@@ -108,12 +115,28 @@ func (c *JoinConfig) defaults() {
 func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	cfg.defaults()
 	st := State{Dir: cfg.StateDir}
-	if n := st.failures(cfg.Secret.Locator); n >= MaxPAKEFailures {
+	if n, err := st.failures(cfg.Secret.Locator); err != nil {
+		return nil, err
+	} else if n >= MaxPAKEFailures {
 		return nil, ErrGaveUp
 	}
-	key, err := st.Key()
+	key, tp, err := st.nodeKey(cfg.TPM)
 	if err != nil {
 		return nil, err
+	}
+	if tp != nil {
+		defer tp.Close()
+		// the CSR first: the attestation then holds TPM slots until the
+		// answer
+		if cfg.csr, err = CSR(key); err != nil {
+			return nil, err
+		}
+		att, err := tp.Attest(key.(*tpm.Key).Blobs())
+		if err != nil {
+			return nil, err
+		}
+		defer att.Close()
+		cfg.attestation = att
 	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	conn, err := cfg.Dial(dctx, cfg.Endpoint, &tls.Config{
@@ -150,9 +173,14 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	j, err := exchange(ctx, str, exporter, peer, key, &cfg)
 	if errors.Is(err, ErrNotAccepted) {
 		conn.CloseWithError(0x102, "")
-		n := st.failures(cfg.Secret.Locator) + 1
-		_ = st.setFailures(cfg.Secret.Locator, n)
-		if n >= MaxPAKEFailures {
+		n, ferr := st.failures(cfg.Secret.Locator)
+		if ferr == nil {
+			ferr = st.setFailures(cfg.Secret.Locator, n+1)
+		}
+		if ferr != nil {
+			return nil, fmt.Errorf("%w (and %w)", err, ferr)
+		}
+		if n+1 >= MaxPAKEFailures {
 			return nil, fmt.Errorf("%w (%w)", ErrGaveUp, err)
 		}
 		return nil, err
@@ -160,6 +188,8 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Joined: forgetting the count is tidying only. A count left behind
+	// can only make the agent give up sooner on this code, never later.
 	_ = st.setFailures(cfg.Secret.Locator, 0)
 	return j, nil
 }
@@ -206,20 +236,23 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotAuthentic, err)
 	}
-	csr, err := CSR(key)
-	if err != nil {
-		return nil, err
+	csr := cfg.csr
+	if csr == nil {
+		if csr, err = CSR(key); err != nil {
+			return nil, err
+		}
 	}
-	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}); err != nil {
+	proof := &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}
+	if cfg.attestation != nil {
+		proof.TPM = claimOf(cfg.attestation.Claim)
+	}
+	if err := wire.Write(str, proof); err != nil {
 		return nil, &UnreachableError{err}
 	}
-	for {
+	for att := cfg.attestation; ; att = nil {
 		var res wire.Result
-		if err := wire.Read(str, &res); err != nil {
-			if errors.Is(err, wire.ErrFrame) {
-				return nil, fmt.Errorf("listener sent a malformed result: %w", err)
-			}
-			return nil, &UnreachableError{err}
+		if err := readResult(str, att, &res); err != nil {
+			return nil, err
 		}
 		switch res.Status {
 		case wire.StatusPending:
@@ -268,7 +301,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 	id := Identity{
 		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
-		JoinedAt: now, Host: res.Host,
+		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
 	}
 	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id); err != nil {
 		return nil, err

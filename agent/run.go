@@ -65,6 +65,9 @@ type RunConfig struct {
 	Watchdog         func()
 	WatchdogInterval time.Duration
 	lastPing         time.Time
+	// TPM locates the TPM to keep the node key in (docs/tpm.md); "" for
+	// a key file. A node that joined with a TPM renews with it.
+	TPM string
 }
 
 // ErrNeedsNewCode is returned when the listener refuses to renew the
@@ -284,7 +287,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			}
 		}
 		jc := JoinConfig{
-			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts,
+			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts, TPM: cfg.TPM,
 			Logger: cfg.Logger, Now: cfg.Clock.Now,
 			OnPending: func(joinID string) { cfg.status("waiting for approval of join " + joinID) },
 		}
@@ -322,7 +325,7 @@ func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause e
 func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 	st := State{Dir: cfg.StateDir}
 	for attempt := 0; ; attempt++ {
-		rc := RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now}
+		rc := RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now, TPM: cfg.TPM}
 		if cfg.RenewConfig != nil {
 			cfg.RenewConfig(&rc)
 		}

@@ -126,13 +126,20 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	req := cluster.ProveRequest{
-		Attempt:   att,
-		Facts:     proof.Facts,
-		KeyFP:     hex.EncodeToString(keyFP[:]),
-		CurrentCA: currentFP,
-		NewNodeID: pki.NodeID,
-		Issue:     l.issuer(proof.CSR),
-		Remote:    rep.remote,
+		Attempt:    att,
+		Facts:      proof.Facts,
+		KeyFP:      hex.EncodeToString(keyFP[:]),
+		CurrentCA:  currentFP,
+		NewNodeID:  pki.NodeID,
+		Issue:      l.issuer(proof.CSR),
+		RequireTPM: l.poolRequiresTPM(att.Secret.Pool),
+		Remote:     rep.remote,
+	}
+	if proof.TPM != nil {
+		if req.TPM, req.TPMRefusal, err = l.attest(str, proof.TPM, csr.PublicKey); err != nil {
+			l.abandon(att)
+			return errCodeProtocol, fmt.Errorf("tpm attestation: %w", err)
+		}
 	}
 	deadline := time.Now().Add(approvalMaxAge)
 	// While pending, stop polling as soon as the agent is gone: it comes
@@ -177,12 +184,17 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		l.metrics.pending.Inc()
 		err = l.waitDecision(waitCtx, out.Join.ID, deadline)
 		l.metrics.pending.Dec()
-		if err != nil {
+		if errors.Is(err, errStoreWait) {
+			_ = rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener cannot reach its store; the join stays pending, try again"})
+			return errCodeDone, err
+		} else if err != nil {
 			rep.outcome = outcomePending
 			return errCodeDone, err
 		}
 	}
 }
+
+var errStoreWait = errors.New("read the pending join")
 
 // waitDecision polls a pending join until it is decided.
 func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline time.Time) error {
@@ -199,7 +211,9 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 		}
 		j, err := l.cluster.Join(ctx, joinID)
 		if err != nil {
-			continue
+			// not swallowed: the agent is told the store is unreachable
+			// and comes back to the same pending join
+			return fmt.Errorf("%w: %w", errStoreWait, err)
 		}
 		if !j.IsPending() {
 			return nil
@@ -249,7 +263,7 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 		Role:       out.Node.Role,
 		Trust:      out.Node.Trust,
 		RenewAfter: cert.NotBefore.Add(life * 2 / 3).Unix(),
-		Host:       out.Node.Host,
+		Host:       out.Node.Host.Wire(),
 	}
 	if out.Join != nil {
 		r.JoinID = out.Join.ID

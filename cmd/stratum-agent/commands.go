@@ -71,7 +71,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand())
 	cli.AddVersion(root, &jsonOut)
 	cli.AddDocs(root)
 	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
@@ -154,6 +154,7 @@ func joinCommand() *cobra.Command {
 	var cfg agent.JoinConfig
 	var code, codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
@@ -183,6 +184,9 @@ func joinCommand() *cobra.Command {
 				return err
 			}
 			cfg.Secret, cfg.Facts = sec, rep.Facts
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
+			}
 			cfg.OnPending = func(joinID string) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "waiting for approval of join %s (an admin runs: stratum-listener joins approve %s)\n", joinID, joinID)
 			}
@@ -200,6 +204,7 @@ func joinCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another (default $STRATUM_CA_FINGERPRINT)")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }
 
@@ -321,6 +326,11 @@ func statusCommand() *cobra.Command {
 			if id.LastError != "" {
 				lastErr = id.LastError
 			}
+			key := "file " + agent.KeyFile
+			if id.TPM != "" {
+				key = "in the TPM " + id.TPM
+			}
+			fmt.Fprintf(w, "node key     %s\n", key)
 			fmt.Fprintf(w, "last renewal %s\nlast error   %s\n", renewal, lastErr)
 			return nil
 		},
@@ -339,6 +349,7 @@ func runCommand() *cobra.Command {
 	var cfg agent.RunConfig
 	var codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var logLevel, metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
@@ -361,6 +372,10 @@ func runCommand() *cobra.Command {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
 			}
 			if err := checkTarget(&cfg.Endpoint, cfg.CAFingerprint, false); err != nil {
+				return err
+			}
+			var err error
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
 				return err
 			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
@@ -388,7 +403,7 @@ func runCommand() *cobra.Command {
 				cfg.OnRetry, cfg.OnRenewal = m.Retried, m.Renewed
 				go m.Serve(cmd.Context(), ln, cfg.Logger)
 			}
-			err := agent.Run(cmd.Context(), cfg)
+			err = agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
 				return explain(err, cfg.Endpoint)
@@ -403,6 +418,7 @@ func runCommand() *cobra.Command {
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve Prometheus /metrics on this TCP address; a port alone means 127.0.0.1 (default: off)")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }
 

@@ -66,11 +66,23 @@ type Expect struct {
 	Serial      string `json:"serial,omitempty"`
 	MAC         string `json:"mac,omitempty"`
 	GPUUUID     string `json:"gpuUuid,omitempty"`
+	// EKHash pins the secret to one TPM: the SHA-256 of its endorsement
+	// key (docs/tpm.md). Unlike the others it is attested, not claimed.
+	EKHash string `json:"ekHash,omitempty"`
 }
 
 // Empty reports whether no identifier is given.
 func (e *Expect) Empty() bool {
-	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "")
+	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "" && e.EKHash == "")
+}
+
+// TPMVerdict is what a verified TPM attestation established about a join
+// (see internal/tpm): the EK hash, and whether the EK certificate chained
+// to the manufacturer roots the listener was given.
+type TPMVerdict struct {
+	EKHash         string `json:"ekHash"`
+	EKCertVerified bool   `json:"ekCertVerified"`
+	EKIssuer       string `json:"ekIssuer,omitempty"`
 }
 
 // KeyAttrs are what a seed-003 join key gives the hosts that enroll with it.
@@ -178,7 +190,7 @@ type Node struct {
 	Pool        string     `json:"pool"`
 	Tenant      string     `json:"tenant"`
 	IdentityKey string     `json:"identityKey"`
-	Facts       wire.Facts `json:"facts"`
+	Facts       Facts      `json:"facts"`
 	Role        string     `json:"role"`
 	Trust       string     `json:"trust"`
 	SecretID    string     `json:"secretId"`
@@ -196,8 +208,11 @@ type Node struct {
 	RevokedSerials []string `json:"revokedSerials,omitempty"`
 	// Generation counts the reclaims of this node id; certificates issued
 	// in an earlier generation no longer renew (see serialOwner).
-	Generation int        `json:"generation,omitempty"`
-	Host       *wire.Host `json:"host,omitempty"`
+	Generation int   `json:"generation,omitempty"`
+	Host       *Host `json:"host,omitempty"`
+	// TPM is set when the node key was attested to live in a TPM; such
+	// a node renews only with that key.
+	TPM *TPMVerdict `json:"tpm,omitempty"`
 }
 
 // Join is one proven join of a key with a secret: pending approval,
@@ -206,13 +221,55 @@ type Join struct {
 	ID        string     `json:"id"`
 	SecretID  string     `json:"secretId"`
 	KeyFP     string     `json:"keyFingerprint"`
-	Facts     wire.Facts `json:"facts"`
+	Facts     Facts      `json:"facts"`
 	State     string     `json:"state"`
 	NodeID    string     `json:"nodeId,omitempty"`
 	Pool      string     `json:"pool"`
 	CreatedAt time.Time  `json:"createdAt"`
 	DecidedAt *time.Time `json:"decidedAt,omitempty"`
 	DecidedBy string     `json:"decidedBy,omitempty"`
+}
+
+// Facts are what a machine claimed at join, as stored: the store's own
+// type, so a change to the wire protocol never silently changes the
+// records listeners of two versions share.
+type Facts struct {
+	ProductUUID string   `json:"productUuid,omitempty"`
+	Serial      string   `json:"serial,omitempty"`
+	BoardSerial string   `json:"boardSerial,omitempty"`
+	Vendor      string   `json:"vendor,omitempty"`
+	ProductName string   `json:"productName,omitempty"`
+	MACs        []string `json:"macs,omitempty"`
+	GPUUUIDs    []string `json:"gpuUuids,omitempty"`
+	Hostname    string   `json:"hostname,omitempty"`
+}
+
+func factsFrom(f wire.Facts) Facts {
+	return Facts{ProductUUID: f.ProductUUID, Serial: f.Serial, BoardSerial: f.BoardSerial, Vendor: f.Vendor,
+		ProductName: f.ProductName, MACs: f.MACs, GPUUUIDs: f.GPUUUIDs, Hostname: f.Hostname}
+}
+
+// Wire is f as the protocol carries it.
+func (f Facts) Wire() wire.Facts {
+	return wire.Facts{ProductUUID: f.ProductUUID, Serial: f.Serial, BoardSerial: f.BoardSerial, Vendor: f.Vendor,
+		ProductName: f.ProductName, MACs: f.MACs, GPUUUIDs: f.GPUUUIDs, Hostname: f.Hostname}
+}
+
+// Host is what a join key assigned a node, as stored.
+type Host struct {
+	Name      string   `json:"name"`
+	NetworkID string   `json:"networkID"`
+	RoleID    string   `json:"roleID,omitempty"`
+	Tags      []string `json:"tags,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+}
+
+// Wire is h as a Result carries it; nil for no host.
+func (h *Host) Wire() *wire.Host {
+	if h == nil {
+		return nil
+	}
+	return &wire.Host{Name: h.Name, NetworkID: h.NetworkID, RoleID: h.RoleID, Tags: h.Tags, Addresses: h.Addresses}
 }
 
 // Event is one durable, ordered record of something that happened.
