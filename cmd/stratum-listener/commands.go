@@ -227,7 +227,7 @@ func codesCommand() *cobra.Command {
 			}
 			c, err := client().MintCode(cmd.Context(), req)
 			if err != nil {
-				return err
+				return inFlagTerms(err, codeFlags)
 			}
 			if jsonOut {
 				return printJSON(cmd.OutOrStdout(), c)

@@ -221,6 +221,7 @@ func TestExitContract(t *testing.T) {
 		{name: "listener unknown subcommand", bin: "stratum-listener", args: []string{"codes", "creat"}, want: 2, say: []string{`unknown command "creat"`, `did you mean "create"`}, never: []string{"Usage:"}},
 		{name: "listener unknown flag", bin: "stratum-listener", args: []string{"codes", "create", "--tll", "1h"}, want: 2, say: []string{"--tll"}},
 		{name: "listener bad duration", bin: "stratum-listener", args: []string{"--admin-socket", srv.sock, "codes", "create", "--ttl", "1x"}, want: 2, say: []string{"--ttl"}},
+		{name: "listener pin the API refuses, in flag terms", bin: "stratum-listener", args: []string{"--admin-socket", srv.sock, "codes", "create", "--expect-mac", "00:00:00:00:00:00"}, want: 2, say: []string{"--expect-mac:"}, never: []string{"expect.mac"}},
 		{name: "listener show without id", bin: "stratum-listener", args: []string{"codes", "show"}, want: 2},
 		{name: "listener init bad endpoint", bin: "stratum-listener", args: []string{"init", "--data", filepath.Join(tmp, "bad-ep"), "--endpoint", "join.example:0"}, want: 2, say: []string{"--endpoint"}},
 		{name: "listener serve without data", bin: "stratum-listener", args: []string{"serve"}, want: 2, say: []string{"--data"}, unit: "stratum-listener.service"},
