@@ -71,7 +71,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand(), renewCommand())
 	cli.AddVersion(root, &jsonOut)
 	cli.AddDocs(root)
 	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
@@ -432,4 +432,38 @@ func listenMetrics(addr string) (net.Listener, error) {
 		addr = "127.0.0.1" + addr
 	}
 	return net.Listen("tcp", addr)
+}
+
+func renewCommand() *cobra.Command {
+	var stateDir string
+	var now bool
+	cmd := &cobra.Command{
+		Use:   "renew --now [--state DIR]",
+		Short: "renew this node's certificate now, not at the service's next renewal time",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !now {
+				return usage("renew needs --now (the service renews on its own at 2/3 of the certificate's life)")
+			}
+			id, err := agent.Renew(cmd.Context(), agent.RenewConfig{StateDir: stateDir})
+			if err != nil {
+				if errors.Is(err, fs.ErrPermission) {
+					return explain(err, id.Endpoint)
+				}
+				var refused *agent.RefusedError
+				if errors.As(err, &refused) && !refused.Retryable() {
+					return &exitError{cli.ExitRefused, fmt.Errorf("renewal refused: %s: join again with a new code", refused.Message)}
+				}
+				return explain(err, id.Endpoint)
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), id)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "renewed %s: certificate valid until %s\n", id.NodeID, id.NotAfter.Format(time.RFC3339))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&now, "now", false, "renew now")
+	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
+	return cmd
 }

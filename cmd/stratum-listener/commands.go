@@ -460,9 +460,33 @@ func caCommand() *cobra.Command {
 
 func eventsCommand() *cobra.Command {
 	var follow bool
+	var since string
+	var types []string
 	cmd := &cobra.Command{
-		Use: "events", Short: "print the event log", Args: args(0),
+		Use: "events [--since 1h|TIME] [--type PREFIX]", Short: "print the event log", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var from time.Time
+			if since != "" {
+				if d, err := time.ParseDuration(since); err == nil {
+					from = time.Now().Add(-d)
+				} else if from, err = time.Parse(time.RFC3339, since); err != nil {
+					return usageError{fmt.Errorf("--since %q: give a duration (1h30m) or a time (2026-01-02T15:04:05Z)", since)}
+				}
+			}
+			keep := func(ev cluster.Event) bool {
+				if ev.Time.Before(from) {
+					return false
+				}
+				if len(types) == 0 {
+					return true
+				}
+				for _, t := range types {
+					if ev.Type == t || strings.HasPrefix(ev.Type, t+".") {
+						return true
+					}
+				}
+				return false
+			}
 			c := client()
 			after := ""
 			for {
@@ -478,13 +502,16 @@ func eventsCommand() *cobra.Command {
 					return err
 				}
 				for _, ev := range evs {
+					after = ev.Seq
+					if !keep(ev) {
+						continue
+					}
 					if jsonOut {
 						b, _ := json.Marshal(ev)
 						fmt.Fprintln(cmd.OutOrStdout(), string(b))
 					} else {
 						fmt.Fprintf(cmd.OutOrStdout(), "%s  %-30s %s %s\n", ev.Time.Format(time.RFC3339), ev.Type, ev.Actor, fieldsText(ev.Fields))
 					}
-					after = ev.Seq
 				}
 				if !follow {
 					return nil
@@ -496,6 +523,8 @@ func eventsCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	cmd.Flags().StringVar(&since, "since", "", "only events since this long ago (1h) or this time (RFC 3339)")
+	cmd.Flags().StringSliceVar(&types, "type", nil, "only events of this type or family (node.joined; security matches security.*) (repeatable)")
 	return cmd
 }
 

@@ -312,3 +312,59 @@ func TestDefaultPort(t *testing.T) {
 		t.Errorf("endpoints %q, want %q", s.Endpoints, want)
 	}
 }
+
+// TestDay2 runs the day-2 commands against a live listener: `stratum-agent
+// renew --now`, and `events --since/--type`.
+func TestDay2(t *testing.T) {
+	srv := startServer(t)
+	code, _ := srv.mint(t)
+	state := filepath.Join(t.TempDir(), "state")
+	if p := runBin(t, runOpts{stdin: code + "\n"}, "stratum-agent", "join", "--endpoint", srv.endpoint, "--code", "-", "--state", state); p.exit != 0 {
+		t.Fatalf("join: %d %s", p.exit, p.stderr)
+	}
+	if p := runBin(t, runOpts{}, "stratum-agent", "renew", "--state", state); p.exit != 2 || !strings.Contains(p.stderr, "--now") {
+		t.Errorf("renew without --now: %d %s", p.exit, p.stderr)
+	}
+	p := runBin(t, runOpts{}, "stratum-agent", "renew", "--now", "--state", state)
+	if p.exit != 0 || !strings.Contains(p.stdout, "renewed node-") {
+		t.Fatalf("renew --now: %d %s %s", p.exit, p.stdout, p.stderr)
+	}
+	if p := runBin(t, runOpts{}, "stratum-agent", "renew", "--now", "--state", filepath.Join(t.TempDir(), "none")); p.exit != 1 || !strings.Contains(p.stderr, "not joined") {
+		t.Errorf("renew --now not joined: %d %s", p.exit, p.stderr)
+	}
+
+	types := func(args ...string) []string {
+		t.Helper()
+		p := srv.admin(t, append([]string{"events", "--json"}, args...)...)
+		if p.exit != 0 {
+			t.Fatalf("events %v: %d %s", args, p.exit, p.stderr)
+		}
+		var out []string
+		for _, line := range strings.Split(strings.TrimSpace(p.stdout), "\n") {
+			if line == "" {
+				continue
+			}
+			var ev struct{ Type string }
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("%v: %s", err, line)
+			}
+			out = append(out, ev.Type)
+		}
+		return out
+	}
+	if got := types("--type", "node"); !slices.Equal(got, []string{"node.joined", "node.renewed"}) {
+		t.Errorf("--type node: %v", got)
+	}
+	if got := types("--type", "node.joined"); !slices.Equal(got, []string{"node.joined"}) {
+		t.Errorf("--type node.joined: %v", got)
+	}
+	if got := types("--since", "1h"); len(got) < 3 {
+		t.Errorf("--since 1h: %v", got)
+	}
+	if got := types("--since", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)); len(got) != 0 {
+		t.Errorf("--since an hour ahead: %v", got)
+	}
+	if p := srv.admin(t, "events", "--since", "yesterday"); p.exit != 2 || !strings.Contains(p.stderr, "--since") {
+		t.Errorf("--since yesterday: %d %s", p.exit, p.stderr)
+	}
+}
