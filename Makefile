@@ -82,7 +82,7 @@ docs: build
 
 # dist/*.deb and dist/*.rpm (never committed) with nfpm, run as a Go tool
 package: docs
-	rm -rf $(BIN)/pkgroot
+	rm -rf $(BIN)/pkgroot dist
 	$(MAKE) install DESTDIR=$(CURDIR)/$(BIN)/pkgroot PREFIX=/usr
 	mkdir -p dist
 	for p in deb rpm; do \
