@@ -277,7 +277,7 @@ func codesCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSELECTOR\tSTATE\tUSES\tFAILED\tPOOL\tEXPIRES")
 			for _, c := range codes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, c.ExpiresAt.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, relTime(c.ExpiresAt, time.Now()))
 			}
 			return tw.Flush()
 		},
@@ -360,12 +360,19 @@ func joinsCommand() *cobra.Command {
 
 func nodesCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "nodes", Short: "list, show and revoke nodes"}
+	var state, pool, role string
 	list := &cobra.Command{
-		Use: "list", Short: "list nodes", Args: args(0),
+		Use: "list [--state S] [--pool P] [--role R]", Short: "list nodes", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ns, err := client().Nodes(cmd.Context())
+			all, err := client().Nodes(cmd.Context())
 			if err != nil {
 				return err
+			}
+			ns := all[:0]
+			for _, n := range all {
+				if (state == "" || n.State == state) && (pool == "" || n.Pool == pool) && (role == "" || n.Role == role) {
+					ns = append(ns, n)
+				}
 			}
 			if jsonOut {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"items": ns})
@@ -373,11 +380,14 @@ func nodesCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tROLE\tTRUST\tPOOL\tCLAIMED HOSTNAME\tCERT UNTIL")
 			for _, n := range ns {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.Facts.Hostname, n.NotAfter.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.Facts.Hostname, relTime(n.NotAfter, time.Now()))
 			}
 			return tw.Flush()
 		},
 	}
+	list.Flags().StringVar(&state, "state", "", "only nodes in this state (active, revoked)")
+	list.Flags().StringVar(&pool, "pool", "", "only nodes of this pool")
+	list.Flags().StringVar(&role, "role", "", "only nodes with this role")
 	show := &cobra.Command{
 		Use: "show ID", Short: "show a node and the facts it claimed", Args: args(1),
 		RunE: func(cmd *cobra.Command, a []string) error {

@@ -333,6 +333,18 @@ func TestDay2(t *testing.T) {
 		t.Errorf("renew --now not joined: %d %s", p.exit, p.stderr)
 	}
 
+	// nodes list: filters, and times relative to now for people
+	if p := srv.admin(t, "nodes", "list"); p.exit != 0 || !strings.Contains(p.stdout, "in 6d23h") {
+		t.Errorf("nodes list: %d %s %s", p.exit, p.stdout, p.stderr)
+	}
+	for filter, want := range map[string]int{"--state=active": 1, "--state=revoked": 0, "--role=nosuch": 0, "--pool=default": 1} {
+		p := srv.admin(t, "nodes", "list", filter, "--json")
+		var out struct{ Items []json.RawMessage }
+		if err := json.Unmarshal([]byte(p.stdout), &out); err != nil || len(out.Items) != want {
+			t.Errorf("nodes list %s: %d items, want %d (%v) %s", filter, len(out.Items), want, err, p.stderr)
+		}
+	}
+
 	types := func(args ...string) []string {
 		t.Helper()
 		p := srv.admin(t, append([]string{"events", "--json"}, args...)...)
