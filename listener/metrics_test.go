@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -89,7 +90,18 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Fatalf("right code after the burn: %v", err)
 	}
 
-	_, body := get(t, base+"/metrics")
+	// the agent has its last Result before the listener's exchange has
+	// returned: wait until none is in flight
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, body = get(t, base+"/metrics")
+		if strings.Contains(body, "\nstratum_listener_joins_in_flight 0\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("joins still in flight after 30s:\n%s", grepLines(body, "in_flight"))
+		}
+	}
 	for _, want := range []string{
 		`stratum_listener_joins_total{kind="code",outcome="joined"} 1`,
 		`stratum_listener_joins_total{kind="code",outcome="failed_proof"} 11`,
