@@ -21,6 +21,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/tpm"
@@ -104,6 +105,13 @@ type Listener struct {
 	now      func() time.Time
 	keys     pki.KeyDir
 	opaque   *pake.ServerKeys
+	// opaqueRaw is opaque.key as read at start, to tell whether the
+	// cluster's copy in the store still matches it.
+	opaqueRaw []byte
+	// kek is set when the listener is one of a cluster whose keys are
+	// sealed in the store; keysMu orders the changes of the key directory.
+	kek      *keyseal.KEK
+	keysMu   sync.Mutex
 	cluster  *cluster.Cluster
 	store    store.Store
 	ownStore bool
@@ -157,16 +165,6 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
-	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("read opaque keys: %w", err)
-	}
-	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
-		return nil, err
-	}
-	if err := l.loadCA(); err != nil {
-		return nil, err
-	}
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL
@@ -179,11 +177,32 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		l.ownStore = true
 	}
 	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
-	if err := l.cluster.CheckSchema(ctx); err != nil {
+	fail := func(err error) (*Listener, error) {
 		if l.ownStore {
 			l.store.Close()
 		}
 		return nil, err
+	}
+	if err := l.cluster.CheckSchema(ctx); err != nil {
+		return fail(err)
+	}
+	// Before the keys are read: a listener that missed a rotation takes
+	// the cluster's keys first.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := l.checkSharedIdentity(cctx); err != nil {
+		return fail(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+	if err != nil {
+		return fail(fmt.Errorf("read opaque keys: %w", err))
+	}
+	l.opaqueRaw = raw
+	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
+		return fail(err)
+	}
+	if err := l.loadCA(); err != nil {
+		return fail(err)
 	}
 	return l, nil
 }
@@ -245,6 +264,10 @@ func (l *Listener) Roots() []*x509.Certificate {
 // RotateCA makes a new root (cross-signed by the old one), re-issues the
 // listener certificate and makes every code minted before stale.
 func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
+	if l.kek != nil {
+		// The event is written with the sealed keys, in one transaction.
+		return l.rotateShared(ctx, actor)
+	}
 	if _, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now()); err != nil {
 		return "", fmt.Errorf("rotate ca: %w", err)
 	}
@@ -401,6 +424,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	g.Go(func() error {
 		l.limiters.sweep(gctx)
+		return nil
+	})
+	g.Go(func() error {
+		l.watchKeys(gctx)
 		return nil
 	})
 	g.Go(func() error {

@@ -156,20 +156,26 @@ func joinCommand() *cobra.Command {
 	var hw hwidFlags
 	var tf tpmFlags
 	var verbose bool
+	var endpoints []string
 	cmd := &cobra.Command{
-		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
+		Use:   "join --endpoint HOST:PORT [--endpoint HOST:PORT...] (--code-file F | --code - | --code CODE)",
 		Short: "join this machine once and write its identity to the state directory",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cfg.Endpoint == "" {
-				cfg.Endpoint = os.Getenv("STRATUM_ENDPOINT")
+			eps := splitAll(endpoints)
+			if len(eps) == 0 {
+				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
 			}
 			if cfg.CAFingerprint == "" {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
 			}
-			if err := checkTarget(&cfg.Endpoint, cfg.CAFingerprint, true); err != nil {
+			if err := checkTargets(eps, cfg.CAFingerprint, "--endpoint (or STRATUM_ENDPOINT) is required"); err != nil {
 				return err
 			}
+			if len(eps) == 0 {
+				return usage("--endpoint (or STRATUM_ENDPOINT) is required")
+			}
+			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			sec, err := readSecret(cmd, code, codeFile)
 			if err != nil {
 				return err
@@ -197,7 +203,7 @@ func joinCommand() *cobra.Command {
 			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host[:port] (port 9444 unless given; default $STRATUM_ENDPOINT)")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host[:port] (port 9444 unless given); repeat it (or separate by commas) for every listener of the cluster: the agent fails over to the next when one is down (default $STRATUM_ENDPOINT)")
 	cmd.Flags().StringVar(&code, "code", "", "the join code; - reads it from stdin (on the command line, ps shows it)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "read the join code from this file")
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
@@ -208,21 +214,20 @@ func joinCommand() *cobra.Command {
 	return cmd
 }
 
-// checkTarget checks --endpoint and --ca-fingerprint before anything is
-// dialled, so a typo is a usage error and not a retry loop. The endpoint
-// gets port 9444 when it names none.
-func checkTarget(endpoint *string, fingerprint string, needEndpoint bool) error {
-	if *endpoint == "" {
-		if needEndpoint {
-			return usage("--endpoint is required (or set STRATUM_ENDPOINT)")
+// checkTargets checks the endpoints and --ca-fingerprint before anything
+// is dialled, so a typo is a usage error and not a retry loop. Each
+// endpoint gets port 9444 when it names none (in place).
+func checkTargets(endpoints []string, fingerprint, missing string) error {
+	if len(endpoints) == 0 {
+		return usage("%s", missing)
+	}
+	for i, e := range endpoints {
+		ep, err := wire.Endpoint(e)
+		if err != nil {
+			return usage("--endpoint: %w", err)
 		}
-		return usage("--endpoint is required until the node has joined (or set STRATUM_ENDPOINT)")
+		endpoints[i] = ep
 	}
-	ep, err := wire.Endpoint(*endpoint)
-	if err != nil {
-		return usage("--endpoint: %w", err)
-	}
-	*endpoint = ep
 	if fingerprint != "" {
 		if _, err := pki.ParseFingerprint(fingerprint); err != nil {
 			return usage("--ca-fingerprint: %w", err)
@@ -351,6 +356,7 @@ func runCommand() *cobra.Command {
 	var hw hwidFlags
 	var tf tpmFlags
 	var logLevel, metricsAddr string
+	var endpoints []string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
 		Short: "keep this machine joined: join if needed, then renew (the systemd service)",
@@ -361,19 +367,24 @@ func runCommand() *cobra.Command {
 				return usage("--log-level: %w", err)
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && cfg.Endpoint == "" {
-				cfg.Endpoint = id.Endpoint
+			eps := splitAll(endpoints)
+			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && len(eps) == 0 {
+				eps = append([]string{id.Endpoint}, id.Endpoints...)
 			}
 			// the unit reads these from /etc/stratum/agent.env, written at provisioning
-			if cfg.Endpoint == "" {
-				cfg.Endpoint = os.Getenv("STRATUM_ENDPOINT")
+			if len(eps) == 0 {
+				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
+			}
+			if len(eps) > 0 {
+				cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			}
 			if cfg.CAFingerprint == "" {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
 			}
-			if err := checkTarget(&cfg.Endpoint, cfg.CAFingerprint, false); err != nil {
+			if err := checkTargets(eps, cfg.CAFingerprint, "--endpoint (or STRATUM_ENDPOINT) is required until the node has joined"); err != nil {
 				return err
 			}
+			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			var err error
 			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
 				return err
@@ -412,7 +423,7 @@ func runCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port (remembered after joining)")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host:port, repeatable (remembered after joining; STRATUM_ENDPOINT takes a comma or space separated list)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "join code file (default: the systemd credential join-code)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
@@ -466,4 +477,13 @@ func renewCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&now, "now", false, "renew now")
 	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
 	return cmd
+}
+
+// splitAll flattens repeated flags that may each hold a comma list.
+func splitAll(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = append(out, agent.SplitEndpoints(v)...)
+	}
+	return out
 }

@@ -98,33 +98,36 @@ type KeyAttrs struct {
 // Secret is the stored record of a join code, token or key. It never holds
 // the secret itself.
 type Secret struct {
-	ID              string         `json:"id"`
-	Kind            string         `json:"kind"`
-	Locator         string         `json:"locator"`
-	Record          []byte         `json:"record"`
-	KSF             pake.KSFParams `json:"ksf"`
-	CAFingerprint   string         `json:"caFingerprint"`
-	Endpoint        string         `json:"endpoint"`
-	Tenant          string         `json:"tenant"`
-	Pool            string         `json:"pool"`
-	Role            string         `json:"role"`
-	Trust           string         `json:"trust"`
-	Hosted          string         `json:"hosted,omitempty"`
-	Expect          *Expect        `json:"expect,omitempty"`
-	AllowReclaim    bool           `json:"allowReclaim,omitempty"`
-	RequireApproval bool           `json:"requireApproval,omitempty"`
-	MaxUses         int            `json:"maxUses"` // 0: unlimited
-	Uses            int            `json:"uses"`
-	Unproven        int            `json:"unproven"`
-	Registrations   int            `json:"registrations"`
-	CreatedBy       string         `json:"createdBy"`
-	CreatedAt       time.Time      `json:"createdAt"`
-	ModifiedAt      time.Time      `json:"modifiedAt"`
-	ExpiresAt       *time.Time     `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
-	RevokedAt       *time.Time     `json:"revokedAt,omitempty"`
-	RevokedBy       string         `json:"revokedBy,omitempty"`
-	Key             *KeyAttrs      `json:"key,omitempty"`
-	IdempotencyHash string         `json:"idempotencyHash,omitempty"`
+	ID            string         `json:"id"`
+	Kind          string         `json:"kind"`
+	Locator       string         `json:"locator"`
+	Record        []byte         `json:"record"`
+	KSF           pake.KSFParams `json:"ksf"`
+	CAFingerprint string         `json:"caFingerprint"`
+	Endpoint      string         `json:"endpoint"`
+	// Endpoints are every endpoint of the cluster when it was minted,
+	// Endpoint first; agents fail over from one to the next.
+	Endpoints       []string   `json:"endpoints,omitempty"`
+	Tenant          string     `json:"tenant"`
+	Pool            string     `json:"pool"`
+	Role            string     `json:"role"`
+	Trust           string     `json:"trust"`
+	Hosted          string     `json:"hosted,omitempty"`
+	Expect          *Expect    `json:"expect,omitempty"`
+	AllowReclaim    bool       `json:"allowReclaim,omitempty"`
+	RequireApproval bool       `json:"requireApproval,omitempty"`
+	MaxUses         int        `json:"maxUses"` // 0: unlimited
+	Uses            int        `json:"uses"`
+	Unproven        int        `json:"unproven"`
+	Registrations   int        `json:"registrations"`
+	CreatedBy       string     `json:"createdBy"`
+	CreatedAt       time.Time  `json:"createdAt"`
+	ModifiedAt      time.Time  `json:"modifiedAt"`
+	ExpiresAt       *time.Time `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
+	RevokedAt       *time.Time `json:"revokedAt,omitempty"`
+	RevokedBy       string     `json:"revokedBy,omitempty"`
+	Key             *KeyAttrs  `json:"key,omitempty"`
+	IdempotencyHash string     `json:"idempotencyHash,omitempty"`
 	// Leases are the counted attempts still in flight: their KE3 may yet
 	// verify. An expired lease is a failed attempt (it stays counted).
 	Leases []Lease `json:"leases,omitempty"`
