@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -92,6 +93,16 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// HTTPSNames are extra DNS names or IP addresses for the HTTPS admin
+	// certificate (the join endpoints' names are always in it).
+	HTTPSNames []string
+	// MetricsListen is the TCP address of /metrics, /healthz and /readyz
+	// ("" = none); MetricsListener, when set, is used instead.
+	MetricsListen   string
+	MetricsListener net.Listener
+	// StoreHealth, when set, answers /readyz's store check instead of a
+	// read of the store (a store that tracks its own health sets it).
+	StoreHealth func(ctx context.Context) error
 	// TPMRoots are the TPM manufacturer certificates EK certificates must
 	// chain to (serve --tpm-ca-dir); without them an attested EK is an
 	// identity to pin, not proof of a genuine TPM (docs/tpm.md).
@@ -141,8 +152,13 @@ type Listener struct {
 	limiters   sourceLimiters
 	leaseQueue leaseQueue
 	adm        admission
+	active     atomic.Int64 // connections being served
 
 	addr net.Addr
+
+	metrics       *metrics
+	metricsAddr   net.Addr
+	proofFailures proofFailures
 
 	apiOnce   sync.Once
 	api       *adminapi.Server
@@ -198,6 +214,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
+	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL
@@ -363,11 +380,25 @@ func (l *Listener) Run(ctx context.Context) error {
 	resetKey := quic.StatelessResetKey(resetRaw)
 	tokenKey := quic.TokenGeneratorKey(tokenRaw)
 	tr := &quic.Transport{
-		Conn:                pc,
-		StatelessResetKey:   &resetKey,
-		TokenGeneratorKey:   &tokenKey,
-		VerifySourceAddress: l.limiters.overRate,
-		ConnContext:         l.admit,
+		Conn:              pc,
+		StatelessResetKey: &resetKey,
+		TokenGeneratorKey: &tokenKey,
+		VerifySourceAddress: func(addr net.Addr) bool {
+			retry := l.limiters.overRate(addr)
+			if retry {
+				l.metrics.retries.Inc()
+			}
+			return retry
+		},
+		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+			ctx, err := l.admit(ctx, ci)
+			if err != nil {
+				l.metrics.conns.WithLabelValues("refused").Inc()
+				return nil, err
+			}
+			l.metrics.conns.WithLabelValues("accepted").Inc()
+			return ctx, nil
+		},
 	}
 	defer tr.Close()
 	ln, err := tr.Listen(l.tlsConfig(), &quic.Config{
@@ -420,6 +451,24 @@ func (l *Listener) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	if ml := l.cfg.MetricsListener; ml != nil || l.cfg.MetricsListen != "" {
+		if ml == nil {
+			if ml, err = net.Listen("tcp", l.cfg.MetricsListen); err != nil {
+				return fmt.Errorf("metrics listen %s: %w", l.cfg.MetricsListen, err)
+			}
+		}
+		l.mu.Lock()
+		l.metricsAddr = ml.Addr()
+		l.mu.Unlock()
+		go l.serveMetrics(ctx, ml)
+	}
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		l.runFailureFlush(ctx)
+	}()
+	// before the store closes: the last failed proofs become events
+	defer func() { <-flushed }()
 	l.logger.Info("listening", "addr", l.addr.String(), "trustDomain", l.settings.TrustDomain, "caFingerprint", l.caFP)
 	if l.cfg.Ready != nil {
 		l.cfg.Ready(l.addr)
@@ -495,6 +544,9 @@ var errTooManyConnections = errors.New("too many connections")
 const resultGrace = 30 * time.Second
 
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
+	l.active.Add(1)
+	defer l.active.Add(-1)
+	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
 	alpn := cs.TLS.NegotiatedProtocol
 	release, ok := l.slot(alpn)
@@ -550,6 +602,7 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 	}
 	if !ok {
 		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
+		l.metrics.refusals.WithLabelValues(wire.CodeRateLimited).Inc()
 		if err := rateLimited(str, after); err != nil {
 			return errCodeProtocol
 		}
