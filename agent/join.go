@@ -54,6 +54,11 @@ type JoinConfig struct {
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// ResultTimeout bounds each wait for the listener's next frame once
+	// the Hello or the Proof is sent (default 2m); while a join is pending
+	// the wait is what the listener announced it holds the join, plus a
+	// minute.
+	ResultTimeout time.Duration
 	// TPM locates the TPM that holds the node key (a device path, or
 	// "sim:HOST:PORT"); "" keeps the key in a file (docs/tpm.md).
 	TPM string
@@ -79,8 +84,8 @@ var (
 type RefusedError struct {
 	Code    string
 	Message string
-	// RetryAfter is how long the listener asked to wait before trying
-	// again (retryable refusals only; 0 when it named none).
+	// RetryAfter is how long the listener asked to wait before a retry
+	// (JOIN_UNAVAILABLE, JOIN_RATE_LIMITED); zero when it named none.
 	RetryAfter time.Duration
 }
 
@@ -111,6 +116,9 @@ func (c *JoinConfig) defaults() {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.ResultTimeout == 0 {
+		c.ResultTimeout = 2 * time.Minute
 	}
 	if c.Dial == nil {
 		c.Dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
@@ -234,35 +242,6 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	return j, nil
 }
 
-// readChallenge reads the Challenge, or the JOIN_UNAVAILABLE refusal a
-// listener sends in its place when it cannot reach its store. Nothing
-// else may come before the PAKE: the peer is not authenticated yet, so its
-// words are quoted, never taken as the agent's own.
-func readChallenge(str io.Reader, ch *wire.Challenge) error {
-	typ, body, err := wire.ReadFrame(str)
-	if err != nil {
-		if errors.Is(err, wire.ErrFrame) {
-			return fmt.Errorf("listener sent a malformed challenge: %w", err)
-		}
-		return &UnreachableError{err}
-	}
-	if typ == wire.TypeResult {
-		var res wire.Result
-		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused || res.Code != wire.CodeUnavailable {
-			return fmt.Errorf("listener sent a result in place of its challenge: %w", wire.ErrFrame)
-		}
-		msg := printable(res.Message)
-		if !strings.HasPrefix(msg, "the listener") {
-			msg = "the listener cannot reach its store: " + msg
-		}
-		return &RefusedError{Code: res.Code, Message: msg, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
-	}
-	if err := wire.Decode(typ, body, ch); err != nil {
-		return fmt.Errorf("listener sent a malformed challenge: %w", err)
-	}
-	return nil
-}
-
 // printable keeps the printable characters of an unauthenticated peer's
 // message, so it cannot move the cursor or clear the operator's screen.
 func printable(s string) string {
@@ -284,16 +263,55 @@ type attemptClaim struct {
 }
 
 func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig, claim attemptClaim) (*Joined, error) {
-	login, ke1, err := pake.StartSeeded(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password(), claim.nonce)
+	// the password's copy is wiped once the exchange ends, so it does not
+	// linger in the heap for the life of the service
+	password := cfg.Secret.Password()
+	defer clear(password)
+	login, ke1, err := pake.StartSeeded(pake.BindingContext(exporter), cfg.Secret.Locator, password, claim.nonce)
 	if err != nil {
 		return nil, err
+	}
+	// every wait for the listener is bounded: one that goes silent must
+	// not hold the agent for ever
+	setDeadline := func(d time.Duration) {
+		if ds, ok := str.(interface{ SetReadDeadline(time.Time) error }); ok {
+			_ = ds.SetReadDeadline(time.Now().Add(d))
+		}
 	}
 	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1, Attempt: claim.commit}); err != nil {
 		return nil, &UnreachableError{err}
 	}
+	setDeadline(cfg.ResultTimeout)
 	var ch wire.Challenge
-	if err := readChallenge(str, &ch); err != nil {
-		return nil, err
+	typ, body, err := wire.ReadFrame(str)
+	if err != nil {
+		return nil, &UnreachableError{err}
+	}
+	if typ == wire.TypeResult {
+		// a start refused before any KE2 (its source spent its budget of
+		// unproven starts, or the listener cannot reach its store):
+		// nothing was learnt on the code
+		var res wire.Result
+		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused {
+			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
+		}
+		// Nothing authenticates the listener yet: only the retryable
+		// JOIN_RATE_LIMITED and JOIN_UNAVAILABLE are taken from it here,
+		// so a fake listener cannot make the agent give up its code for
+		// good, and its words are shown printable only.
+		if res.Code != wire.CodeRateLimited && res.Code != wire.CodeUnavailable {
+			return nil, &UnreachableError{fmt.Errorf("the listener refused the start (%s) before proving it holds the code's record", res.Code)}
+		}
+		r := refusal(&res)
+		r.RetryAfter = min(r.RetryAfter, maxRetryAfter)
+		r.Message = printable(r.Message)
+		if res.Code == wire.CodeUnavailable && !strings.HasPrefix(r.Message, "the listener") {
+			r.Message = "the listener cannot reach its store: " + r.Message
+		}
+		return nil, r
+	}
+	if err := wire.Decode(typ, body, &ch); err != nil {
+		return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 	}
 	caChain, err := parseCerts(ch.CAChain)
 	if err != nil {
@@ -336,6 +354,8 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err := wire.Write(str, proof); err != nil {
 		return nil, &UnreachableError{err}
 	}
+	clear(password)
+	setDeadline(cfg.ResultTimeout)
 	for att := cfg.attestation; ; att = nil {
 		var res wire.Result
 		if err := readResult(str, att, &res); err != nil {
@@ -346,12 +366,23 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			if cfg.OnPending != nil {
 				cfg.OnPending(res.JoinID)
 			}
+			if res.PendingFor > 0 {
+				setDeadline(time.Duration(res.PendingFor)*time.Second + time.Minute)
+			}
 			continue
 		case wire.StatusRefused:
-			return nil, &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
+			return nil, refusal(&res)
 		}
 		return accept(&res, root, trustDomain, key, cfg)
 	}
+}
+
+// maxRetryAfter caps the wait a listener may ask for before it has proved
+// itself: the default budget window.
+const maxRetryAfter = 10 * time.Minute
+
+func refusal(res *wire.Result) *RefusedError {
+	return &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
 }
 
 // accept checks a joined Result and stores the credentials.

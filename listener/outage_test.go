@@ -130,4 +130,7 @@ func TestDamagedPagesWhileServing(t *testing.T) {
 	if err := l.Healthy(); !errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("Healthy after damage: %v", err)
 	}
+	if err := l.Ready(context.Background()); !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("Ready after damage: %v, want not ready", err)
+	}
 }

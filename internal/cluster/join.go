@@ -27,6 +27,8 @@ type Attempt struct {
 	// (a crash cut it short), and took its place instead of counting.
 	Resumed bool
 	Guess   string
+	// Burned: this start took the secret past MaxUnproven and burned it.
+	Burned bool
 }
 
 // LeaseTime bounds how long a counted attempt may stay in flight before
@@ -102,6 +104,7 @@ func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) 
 			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
 			tx.event(EventSecretBurned, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(s.Unproven)})
+			att.Burned = true
 		} else {
 			s.Unproven++
 			att.Counted, att.LeaseID = true, randomID("", 8)
@@ -191,6 +194,8 @@ type ProveRequest struct {
 	CurrentCA string // fingerprint of the current root
 	NewNodeID func() (string, error)
 	Issue     Issuer
+	// Remote is the agent's address, recorded in the node.joined event.
+	Remote string
 	// TPM is the verified attestation of the key, nil when the agent
 	// offered none; RequireTPM says the secret's pool demands one.
 	TPM        *TPMVerdict
@@ -431,6 +436,9 @@ func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, no
 	tx.put(joinKey(j.ID), j)
 	tx.putString(serialKey(cert.Serial), serialOwner(n))
 	fields := map[string]string{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	if req.Remote != "" {
+		fields["remoteAddr"] = req.Remote
+	}
 	if req.TPM != nil {
 		fields["ekHash"] = req.TPM.EKHash
 	}

@@ -206,6 +206,13 @@ const (
 	// since it says nothing about the code; it is retryable, after
 	// Result.RetryAfter seconds.
 	CodeUnavailable = "JOIN_UNAVAILABLE"
+	// CodeRateLimited answers, before any KE2 and whatever the locator, a
+	// start from a source that spent its budget of unproven starts; the
+	// Result's RetryAfter says when to come back.
+	CodeRateLimited = "JOIN_RATE_LIMITED"
+	// CodeCertExpired refuses a renewal whose certificate expired longer
+	// ago than the listener's renewal grace: the node needs a new code.
+	CodeCertExpired = "NODE_CERT_EXPIRED"
 	// CodeTPMRequired: the pool requires TPM attestation and the join
 	// offered none, or its attestation did not verify.
 	CodeTPMRequired = "JOIN_TPM_REQUIRED"
@@ -215,7 +222,7 @@ const (
 )
 
 // Retryable reports whether a refusal code is transient.
-func Retryable(code string) bool { return code == CodeUnavailable }
+func Retryable(code string) bool { return code == CodeUnavailable || code == CodeRateLimited }
 
 // Host is what a join key assigns (seed 003): network, role, tags, the
 // overlay addresses and the host name.
@@ -240,9 +247,12 @@ type Result struct {
 	Trust      string   `cbor:"9,keyasint,omitempty"`
 	RenewAfter int64    `cbor:"10,keyasint,omitempty"` // unix seconds
 	Host       *Host    `cbor:"11,keyasint,omitempty"`
-	// RetryAfter is how many seconds to wait before trying again after a
-	// retryable refusal.
+	// RetryAfter is how many seconds to wait before retrying a retryable
+	// refusal (JOIN_UNAVAILABLE, JOIN_RATE_LIMITED).
 	RetryAfter int64 `cbor:"13,keyasint,omitempty"`
+	// PendingFor is how many seconds the listener holds a pending join
+	// open; the agent waits that long for the next Result.
+	PendingFor int64 `cbor:"14,keyasint,omitempty"`
 }
 
 func (*Result) Type() byte { return TypeResult }
@@ -251,8 +261,8 @@ func (m *Result) Check() error {
 	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 {
 		return errors.New("oversized field")
 	}
-	if m.RetryAfter < 0 || m.RetryAfter > 3600 {
-		return fmt.Errorf("retryAfter %d outside 0..3600 seconds", m.RetryAfter)
+	if m.RetryAfter < 0 || m.RetryAfter > 86400 || m.PendingFor < 0 || m.PendingFor > 7*86400 {
+		return errors.New("retryAfter or pendingFor out of range")
 	}
 	switch m.Status {
 	case StatusJoined:

@@ -27,7 +27,8 @@ const (
 	kindInvalidState
 	kindDuplicate   // seed 003: a unique value is taken
 	kindLimit       // a count limit is reached
-	kindRateLimited // seed 003: the organization's request rate
+	kindRateLimited // seed 003: the organization's request rate; failed API keys per source
+	kindMediaType   // a request body that is not application/json
 	kindUnavailable // the store did not answer in time, is full or damaged
 )
 
@@ -43,6 +44,8 @@ type apiError struct {
 	limit     int
 	limitName string
 	cause     error
+	// retryAfter, when set, is sent as Retry-After.
+	retryAfter time.Duration
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -107,6 +110,7 @@ const (
 	CodeMethod         = "METHOD_NOT_ALLOWED"
 	CodeTooMany        = "TOO_MANY_REQUESTS"
 	CodeUnavailable    = "UNAVAILABLE"
+	CodeMediaType      = "UNSUPPORTED_MEDIA_TYPE"
 	problemTypeBase    = "https://stratum.dev/problems/"
 	problemContentType = "application/problem+json"
 )
@@ -149,6 +153,7 @@ const (
 	KeyErrUnauthorized   = "ERR_UNAUTHORIZED"
 	KeyErrForbidden      = "ERR_FORBIDDEN"
 	KeyErrTooMany        = "ERR_TOO_MANY_REQUESTS"
+	KeyErrMediaType      = "ERR_UNSUPPORTED_MEDIA_TYPE"
 	KeyErrNotFound       = "ERR_NOT_FOUND"
 	KeyErrMethod         = "ERR_METHOD_NOT_ALLOWED"
 	KeyErrInternal       = "ERR_INTERNAL"
@@ -178,6 +183,7 @@ var mappings = map[kind]mapping{
 	kindLimit:           {http.StatusBadRequest, CodeLimitExceeded, TokenInvalidState, KeyErrLimitExceeded},
 	kindRateLimited:     {http.StatusTooManyRequests, CodeTooMany, TokenInternal, KeyErrTooMany},
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
+	kindMediaType:       {http.StatusUnsupportedMediaType, CodeMediaType, TokenInvalidInput, KeyErrMediaType},
 	kindUnavailable:     {http.StatusServiceUnavailable, CodeUnavailable, TokenUnavailable, KeyErrUnavailable},
 }
 
@@ -229,6 +235,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	}
 	m := mappings[e.kind]
 	status := m.status
+	if e.retryAfter > 0 {
+		retryAfterHeader(w, e.retryAfter)
+	}
 	if f == facadeCluster && e.kind == kindLimit {
 		status = http.StatusConflict
 	}
