@@ -58,7 +58,7 @@ func fill(t *testing.T, path string) {
 // join, and the code has gained no failed attempt.
 func TestFullDiskCostsNoAttempt(t *testing.T) {
 	disk := smallTmpfs(t, 2<<20)
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{StoreURL: "bolt:" + filepath.Join(disk, "state.db")}})
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{StoreURL: "bolt:" + filepath.Join(disk, "state.db"), UnprovenPerSource: -1}})
 	unlimited := 0
 	sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: &unlimited})
 	fill(t, filepath.Join(disk, "filler"))

@@ -609,10 +609,14 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 	}
 	ctx, after, ok, err := l.chargeStart(ctx, sourceAddr(conn.RemoteAddr()))
 	if err != nil {
-		// the budget could not be read: answer nothing, as for a count
-		// whose outcome is unknown
-		l.logger.Debug("charge start", "remote", conn.RemoteAddr().String(), "err", err)
-		return errCodeInternal
+		// The budget could not be read or written: no Challenge leaves,
+		// and the agent is told the store failed, which says nothing
+		// about the code.
+		l.logger.Warn("charge start", "remote", conn.RemoteAddr().String(), "err", err)
+		if err := wire.Write(str, l.unavailable(err)); err != nil {
+			return errCodeProtocol
+		}
+		return errCodeDone
 	}
 	if !ok {
 		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
