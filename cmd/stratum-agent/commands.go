@@ -256,7 +256,7 @@ func explain(err error, endpoint string) error {
 	case errors.As(err, &refused):
 		if refused.Retryable() {
 			if refused.RetryAfter > 0 {
-				return &exitError{3, fmt.Errorf("%s; try again (in %s)", refused.Message, refused.RetryAfter)}
+				return &exitError{3, fmt.Errorf("%s (retry in %s)", refused.Message, refused.RetryAfter)}
 			}
 			return &exitError{3, fmt.Errorf("%s; try again later", refused.Message)}
 		}

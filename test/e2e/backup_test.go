@@ -60,7 +60,8 @@ func listings(p *listenerProc) listing {
 // its nodes), and a backup taken once the storm is over restores to
 // listings equal to the live ones.
 func TestBackupDuringJoinStorm(t *testing.T) {
-	l := newListener(t)
+	// the storm comes from one address: lift its budget
+	l := newListenerServe(t, []string{"--unproven-per-source=-1"})
 	var code mintedCode
 	l.adminJSON(&code, "codes", "create", "--max-uses", "0")
 	dir := t.TempDir()

@@ -27,7 +27,9 @@ func slowListener(t *testing.T) *listenerProc {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t)}
+	// the holders all come from one address: lift its budget of unproven
+	// starts, which ten attempts in flight at once would exceed
+	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: []string{"--unproven-per-source=-1"}}
 	run(t, nil, "stratum-listener", "init", "--data", p.data, "--endpoint", p.endpoint)
 	p.start()
 	t.Cleanup(p.stop)
@@ -118,7 +120,7 @@ func TestKill9EveryEtcdListenerWithHonestAttemptsInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(sockDir) })
-		p := &listenerProc{t: t, data: data, sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: []string{"--store", storeURL}}
+		p := &listenerProc{t: t, data: data, sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: []string{"--store", storeURL, "--unproven-per-source=-1"}}
 		if i == 0 { // default key stretching: agents take a while to prove
 			run(t, nil, "stratum-listener", "init", "--data", data, "--endpoint", p.endpoint)
 		}
@@ -196,7 +198,8 @@ func honestCrash(t *testing.T, ls []*listenerProc) {
 // after KE2, a SIGKILL and a restart; their ten attempts stay counted,
 // and the eleventh guess burns the code.
 func TestKill9GuessersStayCounted(t *testing.T) {
-	l := newListener(t)
+	// the guessers all come from one address: lift its budget
+	l := newListenerServe(t, []string{"--unproven-per-source=-1"})
 	var code mintedCode
 	l.adminJSON(&code, "codes", "create", "--max-uses", "0")
 	sec, err := joincode.Parse(code.Code)
