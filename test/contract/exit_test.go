@@ -170,8 +170,15 @@ func TestExitContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// two adjacent, different symbols swapped: the check symbol catches it
+	// (swapping two equal ones would leave the code as it is)
 	typo := []byte(good)
-	typo[0], typo[1] = typo[1], typo[0] // two symbols swapped: the check symbol catches it
+	for i := 0; i+1 < len(typo); i++ {
+		if typo[i] != typo[i+1] && typo[i] != '-' && typo[i+1] != '-' {
+			typo[i], typo[i+1] = typo[i+1], typo[i]
+			break
+		}
+	}
 	goodFile := write("good", good+"\n")
 	wrongFile := write("wrong", wrong.Display()+"\n")
 	typoFile := write("typo", string(typo)+"\n")
