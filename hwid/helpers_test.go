@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/stratumjoin/stratum/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -69,6 +70,7 @@ func copyMachine(t *testing.T, machine, dir string) string {
 // returns a netlink handle on it; both go away at the end of the test.
 func newTestNetns(t *testing.T) *netlink.Handle {
 	t.Helper()
+	testenv.NeedRoot(t, "make a network namespace")
 	// netns.New moves the calling thread into the new namespace: do it on a
 	// locked thread and move back before anything else runs there.
 	runtime.LockOSThread()

@@ -107,7 +107,7 @@ var (
 // still runs the previous one is undisturbed.
 func etcdBinary() (string, error) {
 	binOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), "stratum-etcdtest")
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("stratum-etcdtest-%d", os.Getuid()))
 		if binErr = os.MkdirAll(dir, 0o755); binErr != nil {
 			return
 		}
