@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,19 +44,47 @@ func BenchmarkJoinDurableWrites(b *testing.B) {
 
 	var agentSyncs int
 	dir := b.TempDir()
-	for i := range joinsN {
+	join := func(i int, traced bool) {
+		args := []string{filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", p.endpoint, "--code-file", codeFile,
+			"--state", filepath.Join(dir, fmt.Sprint(i)), "--root", machineRoot(b, i)}
 		out := filepath.Join(dir, fmt.Sprintf("agent-%d.strace", i))
-		cmd := exec.Command("strace", "-f", "-c", "-o", out, "-e", "trace="+syncCalls,
-			filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", p.endpoint, "--code-file", codeFile,
-			"--state", filepath.Join(dir, fmt.Sprint(i)), "--root", machineRoot(b, i))
-		if msg, err := cmd.CombinedOutput(); err != nil {
+		if traced {
+			args = append([]string{"strace", "-f", "-c", "-o", out, "-e", "trace=" + syncCalls}, args...)
+		}
+		if msg, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 			b.Fatalf("join %d: %v\n%s", i, err, msg)
 		}
-		agentSyncs += straceCalls(b, out)
+		if traced {
+			agentSyncs += straceCalls(b, out)
+		}
+	}
+	for i := range joinsN {
+		join(i, true)
 	}
 	_ = tracer.Process.Signal(syscall.SIGINT)
 	_ = tracer.Wait()
 	listenerSyncs := straceCalls(b, summary)
+
+	// a wave: the same number of joins, ten at a time, so the listener's
+	// group commit can share fsyncs between them
+	waveSummary := filepath.Join(b.TempDir(), "wave.strace")
+	tracer = exec.Command("strace", "-f", "-c", "-o", waveSummary, "-e", "trace="+syncCalls, "-p", strconv.Itoa(p.cmd.Process.Pid))
+	if err := tracer.Start(); err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 10)
+	for i := joinsN; i < 2*joinsN; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() { defer wg.Done(); join(i, false); <-sem }()
+	}
+	wg.Wait()
+	_ = tracer.Process.Signal(syscall.SIGINT)
+	_ = tracer.Wait()
+	waveSyncs := straceCalls(b, waveSummary)
+	b.Logf("listener durable writes per join in a wave of %d joins, 10 at a time: %.1f", joinsN, float64(waveSyncs)/joinsN)
 
 	cost := syncCost(b, p.data, 200)
 	b.Logf("durable writes per join: listener %.1f, agent %.1f (%d joins, strace -c on %s)",

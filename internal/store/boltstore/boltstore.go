@@ -98,6 +98,7 @@ type Store struct {
 	// watch tells in-process watchers of committed writes: every writer of
 	// the file is in this process, since bbolt locks it.
 	watch store.Notifier
+	group groupCommit
 }
 
 var (
@@ -253,6 +254,8 @@ func (s *Store) List(ctx context.Context, prefix, after string, limit int) ([]st
 
 // Txn implements store.Store: the comparisons and the writes happen in one
 // bbolt write transaction, which bbolt serialises and fsyncs on commit.
+// Transactions that arrive while another commits share the next commit
+// (group.go), one after another within it, as if committed alone.
 func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool, error) {
 	if err := store.CheckTxn(cmps, ops); err != nil {
 		return false, err
@@ -260,7 +263,7 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	err := s.update(func(tx *bolt.Tx) error {
+	err := s.write(func(tx *bolt.Tx) error {
 		kv := tx.Bucket(bucketKV)
 		for _, c := range cmps {
 			rev, err := revOf(kv, c.Key)

@@ -1,0 +1,100 @@
+package boltstore
+
+import (
+	"errors"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// groupCommit lets writes that arrive while a commit is running share the
+// next one: a wave of joins then pays one fsync per commit rather than one
+// per transaction. Unlike bbolt's own Batch it never waits for company: a
+// write that finds the file idle commits at once, so a lone join is as fast
+// as with Update.
+type groupCommit struct {
+	mu      sync.Mutex
+	running bool
+	queue   []*groupCall
+	commits int // write transactions run, for tests
+}
+
+type groupCall struct {
+	fn   func(*bolt.Tx) error
+	done chan error
+}
+
+// errSolo marks a call that must run in a transaction of its own.
+var errSolo = errors.New("run alone")
+
+// local reports whether err is a call's own outcome, decided before it
+// wrote anything, which leaves the shared transaction usable by the
+// others: a failed comparison or a transaction with nothing to write.
+func local(err error) bool {
+	return errors.Is(err, errCmpFailed) || errors.Is(err, errNoWrites)
+}
+
+// write runs fn in a write transaction, shared with the writes queued
+// behind the one now committing. fn must return errCmpFailed or
+// errNoWrites only before its first write, as Txn's does; any other error
+// aborts the shared transaction, and every call in it is run again alone.
+func (s *Store) write(fn func(*bolt.Tx) error) error {
+	g := &s.group
+	c := &groupCall{fn: fn, done: make(chan error, 1)}
+	g.mu.Lock()
+	g.queue = append(g.queue, c)
+	if g.running {
+		g.mu.Unlock()
+		return <-c.done
+	}
+	g.running = true
+	for len(g.queue) > 0 {
+		calls := g.queue
+		g.queue = nil
+		g.mu.Unlock()
+		s.commit(calls)
+		g.mu.Lock()
+	}
+	g.running = false
+	g.mu.Unlock()
+	return <-c.done
+}
+
+// commit runs calls in one transaction and tells each its outcome.
+func (s *Store) commit(calls []*groupCall) {
+	s.group.mu.Lock()
+	s.group.commits++
+	s.group.mu.Unlock()
+	if len(calls) == 1 {
+		calls[0].done <- s.update(calls[0].fn)
+		return
+	}
+	results := make([]error, len(calls))
+	err := s.update(func(tx *bolt.Tx) error {
+		for i, c := range calls {
+			results[i] = c.fn(tx)
+			if results[i] != nil && !local(results[i]) {
+				return errSolo
+			}
+		}
+		for _, r := range results {
+			if r == nil {
+				return nil
+			}
+		}
+		return errNoWrites // nobody wrote: roll back
+	})
+	switch {
+	case err == nil || errors.Is(err, errNoWrites):
+		for i, c := range calls {
+			c.done <- results[i]
+		}
+	default:
+		// One call failed in a way that may have left writes behind, or
+		// the commit itself failed: nothing was committed, so each call
+		// runs again on its own and gets its own outcome.
+		for _, c := range calls {
+			c.done <- s.update(c.fn)
+		}
+	}
+}
