@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // kind is what went wrong, independent of any facade; Server.fail maps it
@@ -37,7 +39,10 @@ type apiError struct {
 	// limit and limitName describe a kindLimit (seed 003's extra).
 	limit     int
 	limitName string
-	cause     error
+	// retryAfter, on a kindRateLimited, is how long until a request
+	// would be allowed: sent as Retry-After in whole seconds.
+	retryAfter time.Duration
+	cause      error
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -185,6 +190,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	}
 	m := mappings[e.kind]
 	status := m.status
+	if status == http.StatusTooManyRequests {
+		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+	}
 	if f == facadeCluster && e.kind == kindLimit {
 		status = http.StatusConflict
 	}

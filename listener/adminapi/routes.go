@@ -153,8 +153,8 @@ func (s *Server) gate(rt route, p Principal) error {
 		if err != nil {
 			return err
 		}
-		if !s.allowRequest(org) {
-			return &apiError{kind: kindRateLimited, msg: "too many requests"}
+		if ok, wait := s.allowRequest(org); !ok {
+			return &apiError{kind: kindRateLimited, msg: "too many requests", retryAfter: wait}
 		}
 		if !p.hasScope(rt.scope) {
 			return &apiError{kind: kindForbidden, msg: "api key must support the following scopes: " + rt.scope}
