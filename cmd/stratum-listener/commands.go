@@ -200,16 +200,19 @@ func codesCommand() *cobra.Command {
 			fmt.Fprintf(w, "join code  %s\n", c.Code)
 			fmt.Fprintf(w, "id         %s\nexpires    %s\nmax uses   %s\npool       %s (role %s, trust %s)\n", c.ID, c.ExpiresAt.Format(time.RFC3339), usesText(c.MaxUses), c.Pool, c.Role, c.Trust)
 			if c.RequireApproval {
-				fmt.Fprintln(w, "approval   required: approve with `stratum-listener joins approve ID`")
+				fmt.Fprintln(w, "approval   required: compare the 6-digit SAS each machine prints, then `stratum-listener joins approve ID --sas DIGITS`")
 			}
 			fmt.Fprintf(w, "\nThe code is shown only this once. On the machine, run:\n\n  %s\n\nand type the code when asked (or pipe it in; never put it on the command line).\n", c.AgentCommand)
 			return nil
 		},
 	}
 	create.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the code stays valid")
-	create.Flags().IntVar(&maxUses, "max-uses", 1, "how many machines may join with it (0 = unlimited)")
+	create.Flags().IntVar(&maxUses, "max-uses", 0, "how many machines may join with it (0 = every machine of the batch until it expires)")
 	create.Flags().StringVar(&req.Pool, "pool", "default", "pool the machines join")
-	create.Flags().BoolVar(&req.RequireApproval, "require-approval", false, "hold each join until an admin approves it")
+	create.Flags().BoolVar(&req.AutoApprove, "auto-approve", false, "join machines without an admin's approval (the code alone is then the gate)")
+	var requireApproval bool
+	create.Flags().BoolVar(&requireApproval, "require-approval", true, "hold each join until an admin approves it (the default; see --auto-approve)")
+	_ = create.Flags().MarkHidden("require-approval")
 	create.Flags().StringVar(&expect.ProductUUID, "expect-product-uuid", "", "pin to this SMBIOS product UUID")
 	create.Flags().StringVar(&expect.Serial, "expect-serial", "", "pin to this system serial")
 	create.Flags().StringVar(&expect.MAC, "expect-mac", "", "pin to a machine with this NIC MAC")

@@ -60,10 +60,10 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 		counted := true
 		leaseID := ""
 		s.liveLeases(now)
-		if s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
+		if s.Burns() && s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
 			return Attempt{Secret: s}, ErrBusy
 		}
-		if s.Unproven+1 > MaxUnproven {
+		if s.Burns() && s.Unproven+1 > MaxUnproven {
 			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
 			ev, evOp := c.newEvent(EventSecretBurned, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(s.Unproven)})
@@ -104,12 +104,48 @@ func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
 		if len(s.Leases) == before {
 			return nil
 		}
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, []store.Op{putJSON(pfxSecret+s.ID, s)})
-		if err != nil || ok {
+		ev, announce := c.failedEvent(&s)
+		ops := []store.Op{putJSON(pfxSecret+s.ID, s)}
+		if announce {
+			ops = append(ops, ev.op)
+		}
+		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, ops)
+		if err != nil {
 			return err
+		}
+		if ok {
+			if announce {
+				c.logEvents(ev.Event)
+			}
+			return nil
 		}
 	}
 	return ErrConflict
+}
+
+type pendingEvent struct {
+	Event
+	op store.Op
+}
+
+// failedEvent announces a token's or key's failed proofs when their count
+// reaches the next power of two (1, 2, 4, 8, ...): operators see every
+// storm, and a storm of n guesses writes log2(n) events, not n.
+func (c *Cluster) failedEvent(s *Secret) (pendingEvent, bool) {
+	if s.Burns() {
+		return pendingEvent{}, false
+	}
+	failed := s.Unproven - len(s.Leases)
+	if failed <= s.FailedReported || failed&(failed-1) != 0 {
+		return pendingEvent{}, false
+	}
+	s.FailedReported = failed
+	typ := EventTokenFailed
+	if s.Kind == KindKey {
+		typ = EventKeyFailed
+	}
+	ev, op := c.newEvent(typ, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(failed)})
+	return pendingEvent{ev, op}, true
 }
 
 // standIn makes the paths that count nothing (an unknown locator, an
@@ -234,15 +270,17 @@ func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string
 func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveRequest, now time.Time) (Outcome, error) {
 	switch st := s.State(now); {
 	case st == stateRevoked && s.Burned():
-		return c.refuse(tx, s, wire.CodeRevoked, "the join code was burned after too many failed attempts; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was burned after too many failed attempts; ask for a new one", nil), nil
+	case st == stateRevoked && s.RevokedBy == UsedUpBy:
+		// used up: the joins it holds go on; a new one is refused below
 	case st == stateRevoked:
-		return c.refuse(tx, s, wire.CodeRevoked, "the join code was revoked; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was revoked; ask for a new one", nil), nil
 	}
 	if s.CAFingerprint != req.CurrentCA {
-		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeStale, "the "+kindName(s.Kind)+" was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
 	}
 	if field := MismatchedField(s.Expect, req.Facts); field != "" {
-		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the join code is pinned to", map[string]string{"field": field}), nil
+		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the "+kindName(s.Kind)+" is pinned to", map[string]string{"field": field}), nil
 	}
 
 	// A join this key already made with this secret is continued, never
@@ -270,15 +308,16 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 	// (pending an administrator, or whose Result was lost) goes on after
 	// it, as the approval may come hours later.
 	if s.State(now) == stateExpired {
-		return c.refuse(tx, s, wire.CodeExpired, "the join code expired; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeExpired, "the "+kindName(s.Kind)+" expired; ask for a new one", nil), nil
 	}
-	if s.State(now) == stateUsedUp {
-		return c.refuse(tx, s, wire.CodeUsedUp, "the join code has no uses left; ask for a new one", nil), nil
+	if s.usedUp() {
+		return c.refuse(tx, s, wire.CodeUsedUp, "the "+kindName(s.Kind)+" has no uses left; ask for a new one", nil), nil
 	}
 	j := &Join{ID: randomID("join-", 10), SecretID: s.ID, KeyFP: req.KeyFP, Facts: req.Facts, Pool: s.Pool, CreatedAt: now}
 	if s.RequireApproval {
 		j.State = joinPending
 		s.Uses++
+		c.revokeIfUsedUp(tx, s, now)
 		tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j), putString(jkKey, j.ID))
 		c.event(tx, EventJoinPending, SystemActor, map[string]string{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
@@ -288,8 +327,31 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		return out, err
 	}
 	s.Uses++
+	c.revokeIfUsedUp(tx, s, now)
 	tx.ops = append(tx.ops, putString(jkKey, j.ID))
 	return out, nil
+}
+
+// revokeIfUsedUp revokes a join code by UsedUpBy the moment its last
+// allowed use is spent, with an event. Tokens keep their used-up state
+// (seed 000 lists them as used up, not revoked).
+func (c *Cluster) revokeIfUsedUp(tx *txn, s *Secret, now time.Time) {
+	if s.Kind != KindCode || s.MaxUses == 0 || s.Uses < s.MaxUses || s.RevokedAt != nil {
+		return
+	}
+	s.RevokedAt, s.RevokedBy = &now, UsedUpBy
+	c.event(tx, EventCodeRevoked, UsedUpBy, map[string]string{"id": s.ID, "pool": s.Pool, "tenant": s.Tenant, "uses": strconv.Itoa(s.Uses)})
+}
+
+// kindName names a secret's kind in messages agents print.
+func kindName(kind string) string {
+	switch kind {
+	case KindToken:
+		return "join token"
+	case KindKey:
+		return "join key"
+	}
+	return "join code"
 }
 
 func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {

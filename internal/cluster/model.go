@@ -28,6 +28,12 @@ const MaxUnproven = 10
 // BurnedBy is the revokedBy of a burned secret (seed 004).
 const BurnedBy = "system:too-many-attempts"
 
+// UsedUpBy is the revokedBy of a join code whose last allowed use was
+// spent: the join-codes API knows only live, expired and revoked, and a
+// used-up code is revoked at that moment, not listed expired before its
+// time. Joins it already holds (pending, or whose Result was lost) go on.
+const UsedUpBy = "system:used-up"
+
 // Secret kinds.
 const (
 	KindCode  = "code"
@@ -104,15 +110,19 @@ type Secret struct {
 	MaxUses         int            `json:"maxUses"` // 0: unlimited
 	Uses            int            `json:"uses"`
 	Unproven        int            `json:"unproven"`
-	Registrations   int            `json:"registrations"`
-	CreatedBy       string         `json:"createdBy"`
-	CreatedAt       time.Time      `json:"createdAt"`
-	ModifiedAt      time.Time      `json:"modifiedAt"`
-	ExpiresAt       *time.Time     `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
-	RevokedAt       *time.Time     `json:"revokedAt,omitempty"`
-	RevokedBy       string         `json:"revokedBy,omitempty"`
-	Key             *KeyAttrs      `json:"key,omitempty"`
-	IdempotencyHash string         `json:"idempotencyHash,omitempty"`
+	// FailedReported is the failed-proof count of a token or key last
+	// announced by an event; events go out at 1, 2, 4, 8, ... failures,
+	// so a guessing storm writes log2(n) of them.
+	FailedReported  int        `json:"failedReported,omitempty"`
+	Registrations   int        `json:"registrations"`
+	CreatedBy       string     `json:"createdBy"`
+	CreatedAt       time.Time  `json:"createdAt"`
+	ModifiedAt      time.Time  `json:"modifiedAt"`
+	ExpiresAt       *time.Time `json:"expiresAt,omitempty"` // nil: never (join keys may omit it)
+	RevokedAt       *time.Time `json:"revokedAt,omitempty"`
+	RevokedBy       string     `json:"revokedBy,omitempty"`
+	Key             *KeyAttrs  `json:"key,omitempty"`
+	IdempotencyHash string     `json:"idempotencyHash,omitempty"`
 	// Leases are the counted attempts still in flight: their KE3 may yet
 	// verify. An expired lease is a failed attempt (it stays counted).
 	Leases []Lease `json:"leases,omitempty"`
@@ -144,6 +154,17 @@ func (s *Secret) Live(now time.Time) bool { return s.State(now) == stateLive }
 
 // Burned reports whether the secret was revoked for too many attempts.
 func (s *Secret) Burned() bool { return s.RevokedBy == BurnedBy }
+
+// Burns reports whether the failure limit applies: to join codes only. A
+// token or key holds at least 128 bits nobody can guess online, and a burn
+// rule on it would only be a lever for denial of service; its failed
+// proofs are counted and announced instead.
+func (s *Secret) Burns() bool { return s.Kind == KindCode }
+
+// usedUp reports whether a code's last allowed use is spent.
+func (s *Secret) usedUp() bool {
+	return s.RevokedBy == UsedUpBy || s.MaxUses > 0 && s.Uses >= s.MaxUses
+}
 
 // Lease marks one counted attempt in flight.
 type Lease struct {
@@ -233,6 +254,8 @@ const (
 	EventKeyCreated       = "security.join-key.created"
 	EventKeyDeleted       = "security.join-key.deleted"
 	EventSecretBurned     = "security.join-code.burned"
+	EventTokenFailed      = "security.join-token.failed-attempts"
+	EventKeyFailed        = "security.join-key.failed-attempts"
 	EventNodeJoined       = "node.joined"
 	EventNodeReclaimed    = "node.reclaimed"
 	EventNodeRevoked      = "node.revoked"

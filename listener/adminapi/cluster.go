@@ -42,12 +42,13 @@ type Code struct {
 	AgentCommand string `json:"agentCommand,omitempty"`
 }
 
-// seed 004 knows live, expired and revoked; a code with no uses left no
-// longer joins, which is closest to expired.
+// seed 004 knows live, expired and revoked. A code whose last use is
+// spent is revoked by system:used-up at that moment; one used up before
+// that rule (with no revocation recorded) is listed revoked too.
 func codeState(s *cluster.Secret, now time.Time) string {
 	st := s.State(now)
 	if st == "used-up" {
-		return "expired"
+		return "revoked"
 	}
 	return st
 }
@@ -87,13 +88,16 @@ func (s *Server) listCodes(w http.ResponseWriter, r *http.Request, p Principal) 
 
 // MintCodeRequest is the body of POST /v1/admin/cluster/join-codes.
 type MintCodeRequest struct {
-	TTLSeconds      int             `json:"ttlSeconds,omitempty"`
-	MaxUses         *int            `json:"maxUses,omitempty"`
-	Pool            string          `json:"pool,omitempty"`
-	RequireApproval bool            `json:"requireApproval,omitempty"`
-	Expect          *cluster.Expect `json:"expect,omitempty"`
-	AllowReclaim    bool            `json:"allowReclaim,omitempty"`
-	Hosted          string          `json:"hosted,omitempty"`
+	TTLSeconds int    `json:"ttlSeconds,omitempty"`
+	MaxUses    *int   `json:"maxUses,omitempty"` // default 0: every machine of the batch
+	Pool       string `json:"pool,omitempty"`
+	// AutoApprove joins machines without an approval. By default every
+	// join with a code is held until an administrator approves it: a
+	// batch code serves many machines, and the approval is the gate.
+	AutoApprove  bool            `json:"autoApprove,omitempty"`
+	Expect       *cluster.Expect `json:"expect,omitempty"`
+	AllowReclaim bool            `json:"allowReclaim,omitempty"`
+	Hosted       string          `json:"hosted,omitempty"`
 }
 
 // Join code defaults and bounds.
@@ -111,8 +115,8 @@ func (req *MintCodeRequest) validate() []fieldError {
 		errs = append(errs, fieldError{path: "ttlSeconds", msg: fmt.Sprintf("must be 60-%d", int(MaxCodeTTL/time.Second))})
 	}
 	if req.MaxUses == nil {
-		one := 1
-		req.MaxUses = &one
+		unlimited := 0
+		req.MaxUses = &unlimited
 	}
 	if *req.MaxUses < 0 || *req.MaxUses > 10000 {
 		errs = append(errs, fieldError{path: "maxUses", msg: "must be 0 (unlimited) to 10000"})
@@ -154,7 +158,7 @@ func (s *Server) mintCode(w http.ResponseWriter, r *http.Request, p Principal) e
 	role, trust := s.core.Registry().Trust(pool, req.Hosted)
 	sec := cluster.Secret{
 		ID: "jc-" + id, Kind: cluster.KindCode, Tenant: pool.Tenant, Pool: pool.ID, Role: role, Trust: trust,
-		Hosted: req.Hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, RequireApproval: req.RequireApproval,
+		Hosted: req.Hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, RequireApproval: !req.AutoApprove,
 		MaxUses: *req.MaxUses, CreatedBy: p.Name, ExpiresAt: &exp,
 	}
 	fields := map[string]string{"pool": pool.ID, "tenant": pool.Tenant, "pinned": strconv.FormatBool(!req.Expect.Empty()), "trust": trust}

@@ -92,7 +92,7 @@ func TestJoinCodesList(t *testing.T) {
 	short := mint(map[string]any{"ttlSeconds": 60, "pool": "pool-a"})
 	burned := mint(map[string]any{"pool": "pool-a"})
 	revoked := mint(map[string]any{"pool": "pool-a"})
-	used := mint(map[string]any{"pool": "pool-a", "maxUses": 5})
+	used := mint(map[string]any{"pool": "pool-a", "maxUses": 5, "autoApprove": true})
 	other := mint(map[string]any{"pool": "pool-g"})
 
 	e.mustJoin(used["code"].(string), machine("4c4c4544-0000-0000-0000-0000000cc001", "c1"))

@@ -35,7 +35,11 @@ type JoinToken struct {
 	CreatedAt     time.Time       `json:"createdAt"`
 	ExpiresAt     time.Time       `json:"expiresAt"`
 	RevokedAt     *time.Time      `json:"revokedAt,omitempty"`
-	Token         string          `json:"token,omitempty"`
+	RevokedBy     string          `json:"revokedBy,omitempty"`
+	// FailedAttempts counts PAKE exchanges started with the token and
+	// not proven. A token never burns: see docs/secrets.md.
+	FailedAttempts int    `json:"failedAttempts"`
+	Token          string `json:"token,omitempty"`
 }
 
 func toToken(s *cluster.Secret, now time.Time) JoinToken {
@@ -43,6 +47,7 @@ func toToken(s *cluster.Secret, now time.Time) JoinToken {
 		ID: s.ID, TenantID: s.Tenant, PoolID: s.Pool, Role: s.Role, Trust: s.Trust, State: s.State(now),
 		MaxUses: s.MaxUses, Uses: s.Uses, Expect: s.Expect, AllowReclaim: s.AllowReclaim, Hosted: s.Hosted,
 		Endpoint: s.Endpoint, CAFingerprint: s.CAFingerprint, CreatedBy: s.CreatedBy, CreatedAt: s.CreatedAt, RevokedAt: s.RevokedAt,
+		RevokedBy: s.RevokedBy, FailedAttempts: s.Unproven,
 	}
 	if s.ExpiresAt != nil {
 		t.ExpiresAt = *s.ExpiresAt

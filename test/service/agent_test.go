@@ -51,7 +51,7 @@ func agentRun(t *testing.T, n *notifySocket, state, creds string, watchdog time.
 // renewal is refused, it says so, sends STOPPING=1 and exits 1.
 func TestAgentServiceLifecycle(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Init: listener.InitConfig{NodeLifetime: 6 * time.Second}})
-	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{RequireApproval: true})
+	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func admin(t *testing.T, l *listenertest.Listener, args ...string) string {
 // STOPPING=1 and exit status 0. Reports its memory and the binary's size.
 func TestAgentIdleFootprint(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
+	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{AutoApprove: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestAgentIdleFootprint(t *testing.T) {
 // keeps from restarting.
 func TestAgentRunRefusedExits1(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
+	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{AutoApprove: true})
 	if err != nil {
 		t.Fatal(err)
 	}
