@@ -229,7 +229,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		jc := JoinConfig{
 			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts,
 			Logger: cfg.Logger, Now: cfg.Clock.Now,
-			OnPending: func(joinID string) { cfg.status("waiting for approval of join " + joinID) },
+			OnPending: func(p Pending) { cfg.status(pendingStatus(p)) },
 		}
 		if cfg.JoinConfig != nil {
 			cfg.JoinConfig(&jc)
@@ -306,4 +306,10 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			return id, err
 		}
 	}
+}
+
+// pendingStatus is the STATUS= line of a join held for approval: the SAS
+// is what the approver compares with `joins list` before approving.
+func pendingStatus(p Pending) string {
+	return fmt.Sprintf("waiting for approval of join %s; SAS %s", p.JoinID, p.SAS)
 }

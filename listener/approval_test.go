@@ -45,7 +45,7 @@ func startJoinAt(t *testing.T, l *listenertest.Listener, sec joincode.Secret, di
 	b := &bgJoin{dir: dir, pending: make(chan string, 4), done: make(chan error, 1), cancel: cancel}
 	go func() {
 		j, err := agent.Join(ctx, agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec, Facts: facts, Now: now,
-			OnPending: func(id string) { b.pending <- id }})
+			OnPending: func(p agent.Pending) { b.pending <- p.JoinID }})
 		b.joined = j
 		b.done <- err
 	}()
@@ -94,7 +94,7 @@ func (b *bgJoin) drop(t *testing.T) {
 
 func decide(t *testing.T, l *listenertest.Listener, joinID string, approve bool) {
 	t.Helper()
-	if _, err := l.Admin.DecideJoin(context.Background(), joinID, approve); err != nil {
+	if _, err := l.Admin.DecideJoin(context.Background(), joinID, approve, ""); err != nil {
 		t.Fatalf("decide %s: %v", joinID, err)
 	}
 }

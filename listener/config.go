@@ -91,9 +91,10 @@ func Init(cfg InitConfig) (*pki.CA, error) {
 		}
 	}
 	if cfg.KSF == (pake.KSFParams{}) {
-		cfg.KSF = pake.DefaultKSF
+		cfg.KSF = pake.CodeKSF
 	}
-	if err := cfg.KSF.Check(); err != nil {
+	// the pinned parameters are the join codes'; tokens and keys use none
+	if err := cfg.KSF.CheckArgon2id(); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
 	if cfg.NodeLifetime == 0 {
@@ -159,7 +160,7 @@ func LoadSettings(dataDir string) (Settings, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return s, fmt.Errorf("parse %s: %w", settingsFile, err)
 	}
-	if err := s.KSF.Check(); err != nil {
+	if err := s.KSF.CheckArgon2id(); err != nil {
 		return s, fmt.Errorf("%s: %w", settingsFile, err)
 	}
 	return s, nil

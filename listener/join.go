@@ -106,8 +106,14 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	str.SetReadDeadline(time.Time{})
 
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
-	// the signature is checked once, by pki when it issues
 	if err != nil {
+		l.abandon(att)
+		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+	}
+	// Only the holder of the CSR's key may make, resume or replace a join
+	// for that key: a pending join is found by the key's fingerprint, and
+	// resuming it gives it this session's SAS.
+	if err := csr.CheckSignature(); err != nil {
 		l.abandon(att)
 		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
@@ -119,6 +125,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		CurrentCA: currentFP,
 		NewNodeID: pki.NodeID,
 		Issue:     l.issuer(proof.CSR),
+		SAS: func(joinID string) string {
+			sas, _ := login.SAS(joinID) // KE3 verified above
+			return sas
+		},
 	}
 	deadline := time.Now().Add(approvalMaxAge)
 	// While pending, stop polling as soon as the agent is gone: it comes
@@ -151,7 +161,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		// may not have been counted: a code whose last use it holds is no
 		// longer live); later rounds only poll.
 		if !announced {
-			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
+			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, SAS: out.Join.SAS, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
 				return errCodeProtocol, err
 			}
 			announced = true

@@ -91,6 +91,7 @@ type Listener struct {
 	cluster  *cluster.Cluster
 	store    store.Store
 	ownStore bool
+	ksfMem   memReturner // see returnKSFMemory
 
 	mu       sync.RWMutex
 	ca       *pki.CA

@@ -285,9 +285,9 @@ func usesText(n int) string {
 }
 
 func joinsCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "joins", Short: "list, approve and refuse joins held for approval"}
+	cmd := &cobra.Command{Use: "joins", Short: "list, show, approve and refuse joins held for approval"}
 	list := &cobra.Command{
-		Use: "list", Short: "list joins, pending first", Args: args(0),
+		Use: "list", Short: "list joins, pending first, with the SAS each agent prints", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			js, err := client().Joins(cmd.Context())
 			if err != nil {
@@ -297,18 +297,34 @@ func joinsCommand() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"items": js})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tCODE\tKEY SHA-256\tCLAIMED UUID\tCLAIMED HOSTNAME\tNODE")
+			fmt.Fprintln(tw, "ID\tSTATE\tSAS\tCODE\tKEY SHA-256\tCLAIMED UUID\tCLAIMED HOSTNAME\tNODE")
 			for _, j := range js {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.SecretID, j.KeyFP[:16]+"…", j.Facts.ProductUUID, j.Facts.Hostname, j.NodeID)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, orDash(j.SAS), j.SecretID, j.KeyFP[:16]+"…", j.Facts.ProductUUID, j.Facts.Hostname, j.NodeID)
 			}
 			return tw.Flush()
 		},
 	}
+	show := &cobra.Command{
+		Use: "show ID", Short: "show one join and its SAS", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			j, err := client().Join(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), j)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "join       %s\nstate      %s\nsas        %s\ncode       %s\nkey        %s\nclaimed    uuid %s, hostname %s\nnode       %s\n",
+				j.ID, j.State, orDash(j.SAS), j.SecretID, j.KeyFP, j.Facts.ProductUUID, j.Facts.Hostname, orDash(j.NodeID))
+			return nil
+		},
+	}
 	decide := func(approve bool, use, short string) *cobra.Command {
-		return &cobra.Command{
+		var sas string
+		c := &cobra.Command{
 			Use: use, Short: short, Args: args(1),
 			RunE: func(cmd *cobra.Command, a []string) error {
-				j, err := client().DecideJoin(cmd.Context(), a[0], approve)
+				j, err := client().DecideJoin(cmd.Context(), a[0], approve, sas)
 				if err != nil {
 					return err
 				}
@@ -319,9 +335,20 @@ func joinsCommand() *cobra.Command {
 				return nil
 			},
 		}
+		if approve {
+			c.Flags().StringVar(&sas, "sas", "", "the 6 digits the machine's agent prints; the approval is refused if they are not this join's")
+		}
+		return c
 	}
-	cmd.AddCommand(list, decide(true, "approve ID", "approve a pending join"), decide(false, "refuse ID", "refuse a pending join"))
+	cmd.AddCommand(list, show, decide(true, "approve ID [--sas DIGITS]", "approve a pending join"), decide(false, "refuse ID", "refuse a pending join"))
 	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func nodesCommand() *cobra.Command {

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/joincode"
@@ -479,8 +480,15 @@ func (c *Cluster) Join(ctx context.Context, id string) (*Join, error) {
 	return &j, nil
 }
 
-// DecideJoin approves or refuses a pending join.
-func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool) (*Join, error) {
+// ErrSASMismatch means an approval named a short authentication string
+// other than the join's: the machine the approver stands at is not the one
+// that made this join. The join stays pending.
+var ErrSASMismatch = errors.New("the short authentication string does not match this join's")
+
+// DecideJoin approves or refuses a pending join. A non-empty sas must be
+// the join's SAS, or the approval is refused with ErrSASMismatch and the
+// join stays pending.
+func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool, sas string) (*Join, error) {
 	for range maxCASRounds {
 		var j Join
 		rev, found, err := getJSON(ctx, c.store, pfxJoin+id, &j)
@@ -492,6 +500,9 @@ func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool
 		}
 		if j.State != joinPending {
 			return &j, fmt.Errorf("%w: join %s is %s", ErrInvalidState, id, j.State)
+		}
+		if approve && sas != "" && normalSAS(sas) != j.SAS {
+			return &j, ErrSASMismatch
 		}
 		now := c.now().UTC()
 		j.DecidedAt, j.DecidedBy = &now, actor
@@ -511,6 +522,11 @@ func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool
 		}
 	}
 	return nil, ErrConflict
+}
+
+// normalSAS drops the spaces and hyphens a person may type between digits.
+func normalSAS(s string) string {
+	return strings.NewReplacer(" ", "", "-", "").Replace(s)
 }
 
 func unmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -188,6 +188,9 @@ type ProveRequest struct {
 	CurrentCA string // fingerprint of the current root
 	NewNodeID func() (string, error)
 	Issue     Issuer
+	// SAS derives the short authentication string of this PAKE session
+	// for a join id; nil leaves joins without one.
+	SAS func(joinID string) string
 }
 
 // Outcome is what a proven join leads to.
@@ -316,6 +319,9 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 	j := &Join{ID: randomID("join-", 10), SecretID: s.ID, KeyFP: req.KeyFP, Facts: req.Facts, Pool: s.Pool, CreatedAt: now}
 	if s.RequireApproval {
 		j.State = joinPending
+		if req.SAS != nil {
+			j.SAS = req.SAS(j.ID)
+		}
 		s.Uses++
 		c.revokeIfUsedUp(tx, s, now)
 		tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j), putString(jkKey, j.ID))
@@ -357,6 +363,15 @@ func kindName(kind string) string {
 func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
 	switch j.State {
 	case joinPending:
+		// The holder of the CSR's key came back on a new PAKE session
+		// (the listener checked the CSR's signature): the SAS is now that
+		// session's, the one its agent prints.
+		if req.SAS != nil {
+			if sas := req.SAS(j.ID); sas != j.SAS {
+				j.SAS = sas
+				tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j))
+			}
+		}
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
 	case joinRefused:
 		return refused(wire.CodeApprovalRefused, "an administrator refused this join"), nil

@@ -234,6 +234,10 @@ type Join struct {
 	CreatedAt time.Time  `json:"createdAt"`
 	DecidedAt *time.Time `json:"decidedAt,omitempty"`
 	DecidedBy string     `json:"decidedBy,omitempty"`
+	// SAS is the short authentication string of the PAKE session that
+	// made (or last resumed) this join: six digits the agent prints and
+	// an approver compares at the machine. It is no secret.
+	SAS string `json:"sas,omitempty"`
 }
 
 // Event is one durable, ordered record of something that happened.

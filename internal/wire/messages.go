@@ -138,12 +138,16 @@ type Result struct {
 	Trust      string   `cbor:"9,keyasint,omitempty"`
 	RenewAfter int64    `cbor:"10,keyasint,omitempty"` // unix seconds
 	Host       *Host    `cbor:"11,keyasint,omitempty"`
+	// SAS is the short authentication string of a pending join: six
+	// digits both ends derive from the PAKE session key and the join id.
+	// The agent checks it against its own and prints it.
+	SAS string `cbor:"12,keyasint,omitempty"`
 }
 
 func (*Result) Type() byte { return TypeResult }
 
 func (m *Result) Check() error {
-	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 {
+	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 || len(m.SAS) > 16 {
 		return errors.New("oversized field")
 	}
 	switch m.Status {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"sort"
 	"strconv"
 	"time"
@@ -271,18 +272,91 @@ func (s *Server) revokeNode(w http.ResponseWriter, r *http.Request, p Principal)
 	return nil
 }
 
-func (s *Server) listJoins(w http.ResponseWriter, r *http.Request, _ Principal) error {
+// joinTenant is the tenant a join's pool belongs to.
+func (s *Server) joinTenant(j *cluster.Join) string {
+	if pool, ok := s.core.Registry().Pool(j.Pool); ok {
+		return pool.Tenant
+	}
+	return cluster.DefaultTenant
+}
+
+func (s *Server) listJoins(w http.ResponseWriter, r *http.Request, p Principal) error {
+	if !p.may(ActionDescribeNodeJoins, ResourceCluster) {
+		return errForbidden("needs " + ActionDescribeNodeJoins + " on " + ResourceCluster)
+	}
 	joins, err := s.core.Cluster().Joins(r.Context())
 	if err != nil {
 		return errInternal(err)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": joins})
+	items := make([]cluster.Join, 0, len(joins))
+	for i := range joins {
+		if p.actsFor(s.joinTenant(&joins[i])) {
+			items = append(items, joins[i])
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
 	return nil
 }
 
+// joinFor loads a join the caller may see.
+func (s *Server) joinFor(r *http.Request, p Principal) (*cluster.Join, error) {
+	j, err := s.core.Cluster().Join(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, lookupErr(err, "join")
+	}
+	if !p.actsFor(s.joinTenant(j)) {
+		return nil, errNotFound("join")
+	}
+	return j, nil
+}
+
+func (s *Server) getJoin(w http.ResponseWriter, r *http.Request, p Principal) error {
+	if !p.may(ActionDescribeNodeJoins, ResourceCluster) {
+		return errForbidden("needs " + ActionDescribeNodeJoins + " on " + ResourceCluster)
+	}
+	j, err := s.joinFor(r, p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, j)
+	return nil
+}
+
+// DecideJoinRequest is the optional body of an approval or refusal: sas,
+// when given, must be the join's short authentication string, the six
+// digits its agent prints.
+type DecideJoinRequest struct {
+	SAS string `json:"sas,omitempty"`
+}
+
+var sasRE = regexp.MustCompile(`^[0-9]{3}[ -]?[0-9]{3}$`)
+
 func (s *Server) decideJoin(approve bool) handlerFunc {
+	action := ActionApproveNodeJoin
+	if !approve {
+		action = ActionRefuseNodeJoin
+	}
 	return func(w http.ResponseWriter, r *http.Request, p Principal) error {
-		j, err := s.core.Cluster().DecideJoin(r.Context(), r.PathValue("id"), p.Name, approve)
+		if !p.may(action, ResourceCluster) {
+			return errForbidden("needs " + action + " on " + ResourceCluster)
+		}
+		var req DecideJoinRequest
+		if r.ContentLength != 0 {
+			if err := decodeStrict(r.Body, &req); err != nil {
+				return err
+			}
+		}
+		if req.SAS != "" && !sasRE.MatchString(req.SAS) {
+			return errInvalid("the request has invalid fields", fieldError{path: "sas", msg: "must be the 6 digits the agent prints"})
+		}
+		if _, err := s.joinFor(r, p); err != nil {
+			return err
+		}
+		j, err := s.core.Cluster().DecideJoin(r.Context(), r.PathValue("id"), p.Name, approve, req.SAS)
+		if errors.Is(err, cluster.ErrSASMismatch) {
+			return &apiError{kind: kindApprovalRefused, msg: "the SAS given is not this join's: the machine you checked did not make join " + j.ID + "; it stays pending",
+				fields: []fieldError{{path: "sas", msg: "does not match the join's short authentication string"}}}
+		}
 		if errors.Is(err, cluster.ErrInvalidState) {
 			return &apiError{kind: kindInvalidState, msg: "the join is " + j.State + ", not pending"}
 		}

@@ -26,6 +26,8 @@ const (
 	kindDuplicate   // seed 003: a unique value is taken
 	kindLimit       // a count limit is reached
 	kindRateLimited // seed 003: the organization's request rate
+	// kindApprovalRefused: an approval whose SAS is not the join's
+	kindApprovalRefused
 )
 
 // apiError is a failure with a message that is safe to show. cause, for
@@ -96,18 +98,19 @@ type Problem struct {
 
 // Problem codes of the cluster routes (seed 004).
 const (
-	CodeInvalidInput   = "INVALID_INPUT"
-	CodeNotFound       = "NOT_FOUND"
-	CodeForbidden      = "FORBIDDEN"
-	CodeUnauthorized   = "UNAUTHORIZED"
-	CodeLimitExceeded  = "LIMIT_EXCEEDED"
-	CodeInvalidState   = "INVALID_STATE"
-	CodeConflict       = "CONFLICT"
-	CodeInternal       = "INTERNAL"
-	CodeMethod         = "METHOD_NOT_ALLOWED"
-	CodeTooMany        = "TOO_MANY_REQUESTS"
-	problemTypeBase    = "https://stratum.dev/problems/"
-	problemContentType = "application/problem+json"
+	CodeInvalidInput    = "INVALID_INPUT"
+	CodeNotFound        = "NOT_FOUND"
+	CodeForbidden       = "FORBIDDEN"
+	CodeUnauthorized    = "UNAUTHORIZED"
+	CodeLimitExceeded   = "LIMIT_EXCEEDED"
+	CodeInvalidState    = "INVALID_STATE"
+	CodeConflict        = "CONFLICT"
+	CodeInternal        = "INTERNAL"
+	CodeMethod          = "METHOD_NOT_ALLOWED"
+	CodeTooMany         = "TOO_MANY_REQUESTS"
+	CodeApprovalRefused = "JOIN_APPROVAL_REFUSED"
+	problemTypeBase     = "https://stratum.dev/problems/"
+	problemContentType  = "application/problem+json"
 )
 
 // TokenError is seed 000's error body: {"error": TokenError}.
@@ -175,6 +178,7 @@ var mappings = map[kind]mapping{
 	kindLimit:           {http.StatusBadRequest, CodeLimitExceeded, TokenInvalidState, KeyErrLimitExceeded},
 	kindRateLimited:     {http.StatusTooManyRequests, CodeTooMany, TokenInternal, KeyErrTooMany},
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
+	kindApprovalRefused: {http.StatusConflict, CodeApprovalRefused, TokenInvalidState, keyErrInvalidValue},
 }
 
 // fail writes err in facade f's shape. Internal errors are logged with the

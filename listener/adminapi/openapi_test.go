@@ -103,7 +103,7 @@ func TestOpenAPIRefsAndCodes(t *testing.T) {
 		},
 		"#/components/schemas/Problem/properties/code": {
 			adminapi.CodeInvalidInput, adminapi.CodeNotFound, adminapi.CodeForbidden, adminapi.CodeUnauthorized, adminapi.CodeLimitExceeded,
-			adminapi.CodeInvalidState, adminapi.CodeConflict, adminapi.CodeInternal, adminapi.CodeMethod, adminapi.CodeTooMany,
+			adminapi.CodeInvalidState, adminapi.CodeConflict, adminapi.CodeInternal, adminapi.CodeMethod, adminapi.CodeTooMany, adminapi.CodeApprovalRefused,
 		},
 		"#/components/schemas/Grant/properties/action":               adminapi.Actions(),
 		"#/components/schemas/APIKeyRequest/properties/scopes/items": adminapi.Scopes(),

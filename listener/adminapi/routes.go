@@ -51,6 +51,10 @@ const (
 	ActionDescribeJoinCodes = "ha:DescribeJoinCodes"
 	ActionCreateJoinCode    = "ha:CreateJoinCode"
 	ActionRevokeJoinCode    = "ha:RevokeJoinCode"
+	// The approval of joins made with join codes, in the same family.
+	ActionDescribeNodeJoins = "ha:DescribeNodeJoins"
+	ActionApproveNodeJoin   = "ha:ApproveNodeJoin"
+	ActionRefuseNodeJoin    = "ha:RefuseNodeJoin"
 	// ResourceCluster is the resource the join-codes actions are decided on.
 	ResourceCluster = "cluster"
 )
@@ -72,7 +76,7 @@ const (
 
 // Actions lists every action an API key may be granted.
 func Actions() []string {
-	return []string{ActionCreateJoinToken, ActionReadJoinTokens, ActionRevokeJoinToken, ActionDescribeJoinCodes, ActionCreateJoinCode, ActionRevokeJoinCode}
+	return []string{ActionCreateJoinToken, ActionReadJoinTokens, ActionRevokeJoinToken, ActionDescribeJoinCodes, ActionCreateJoinCode, ActionRevokeJoinCode, ActionDescribeNodeJoins, ActionApproveNodeJoin, ActionRefuseNodeJoin}
 }
 
 // Scopes lists every scope an API key may hold.
@@ -103,9 +107,11 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes", adminOnly: true, h: s.listNodes},
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes/{id}", adminOnly: true, h: s.getNode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/nodes/{id}/revoke", adminOnly: true, h: s.revokeNode},
-		{method: http.MethodGet, path: "/v1/admin/cluster/joins", adminOnly: true, h: s.listJoins},
-		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/approve", adminOnly: true, h: s.decideJoin(true)},
-		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/refuse", adminOnly: true, h: s.decideJoin(false)},
+		// the approval of joins, in seed 004's style, for API keys too
+		{method: http.MethodGet, path: "/v1/admin/cluster/joins", h: s.listJoins},
+		{method: http.MethodGet, path: "/v1/admin/cluster/joins/{id}", h: s.getJoin},
+		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/approve", h: s.decideJoin(true)},
+		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/refuse", h: s.decideJoin(false)},
 		{method: http.MethodGet, path: "/v1/admin/cluster/ca", adminOnly: true, h: s.getCA},
 		{method: http.MethodPost, path: "/v1/admin/cluster/ca/rotate", adminOnly: true, h: s.rotateCA},
 		{method: http.MethodGet, path: "/v1/admin/cluster/events", adminOnly: true, h: s.listEvents},

@@ -161,14 +161,27 @@ func (c *Client) Joins(ctx context.Context) ([]cluster.Join, error) {
 	return out.Items, err
 }
 
-// DecideJoin approves or refuses a pending join.
-func (c *Client) DecideJoin(ctx context.Context, id string, approve bool) (cluster.Join, error) {
+// Join shows one join, with its SAS while it is pending.
+func (c *Client) Join(ctx context.Context, id string) (cluster.Join, error) {
+	var out cluster.Join
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/joins/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
+// DecideJoin approves or refuses a pending join. sas, when not empty, must
+// be the join's short authentication string, or the approval is refused
+// (JOIN_APPROVAL_REFUSED) and the join stays pending.
+func (c *Client) DecideJoin(ctx context.Context, id string, approve bool, sas string) (cluster.Join, error) {
 	verb := "refuse"
 	if approve {
 		verb = "approve"
 	}
+	var body any
+	if sas != "" {
+		body = adminapi.DecideJoinRequest{SAS: sas}
+	}
 	var out cluster.Join
-	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/joins/"+url.PathEscape(id)+"/"+verb, nil, &out)
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/joins/"+url.PathEscape(id)+"/"+verb, body, &out)
 	return out, err
 }
 
