@@ -283,7 +283,18 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 		return nil, fmt.Errorf("listener's certificate names %s/%s, its result %s/%s", nodeID, role, res.NodeID, res.Role)
 	}
 	now := cfg.Now().UTC()
-	fp := sha256.Sum256(learnedRoot.Raw)
+	// Pin the root that issued the certificate: the current one. A token
+	// or key minted before a rotation proves the old root through the
+	// PAKE; the authenticated listener's bundle then names the new one,
+	// and the node certificate chains to it.
+	pinned := learnedRoot
+	for _, r := range bundle {
+		if _, err := pki.VerifyNodeChain(res.CertChain, []*x509.Certificate{r}, trustDomain, cfg.Now()); err == nil {
+			pinned = r
+			break
+		}
+	}
+	fp := sha256.Sum256(pinned.Raw)
 	id := Identity{
 		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,7 +186,13 @@ func (l *Listener) loadCA() error {
 	}
 	fp := ca.Fingerprint()
 	chains := map[string][][]byte{pki.FormatFingerprint(fp): certsDER(ca.Chain())}
-	for _, r := range roots {
+	// Retired roots still answer the PAKE of the secrets minted under
+	// them, so their holders learn by name that they were revoked.
+	retired, err := l.keys.RetiredRoots()
+	if err != nil {
+		return err
+	}
+	for _, r := range append(append([]*x509.Certificate(nil), roots...), retired...) {
 		f := pki.FormatFingerprint(pki.FingerprintOf(r))
 		if _, ok := chains[f]; !ok {
 			chains[f] = [][]byte{r.Raw}
@@ -211,8 +218,12 @@ func (l *Listener) Roots() []*x509.Certificate {
 	return l.roots
 }
 
-// RotateCA makes a new root (cross-signed by the old one), re-issues the
-// listener certificate and makes every code minted before stale.
+// RotateCA makes a new root (cross-signed by the old one) and re-issues
+// the listener certificate. The rules per kind (docs/secrets.md): join
+// codes minted under an older root end at once, revoked by
+// cluster.CARotatedBy with an event each (their holders are told
+// JOIN_CODE_STALE); tokens and keys keep joining through the root they were
+// minted under until RetireCA.
 func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 	if _, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now()); err != nil {
 		return "", fmt.Errorf("rotate ca: %w", err)
@@ -221,8 +232,34 @@ func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 		return "", err
 	}
 	_, fp := l.CA()
-	l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]string{"caFingerprint": fp})
-	return fp, nil
+	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]string{"caFingerprint": fp}); err != nil {
+		return fp, err
+	}
+	_, err := l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARotatedBy, func(s *cluster.Secret) bool { return s.Kind == cluster.KindCode })
+	return fp, err
+}
+
+// RetireCA ends every root but the current one: nodes and listeners stop
+// trusting them, and every secret minted under them is revoked by
+// cluster.CARetiredBy, with an event each. It returns how many secrets it
+// revoked.
+func (l *Listener) RetireCA(ctx context.Context, actor string) (int, error) {
+	retired, err := l.keys.Retire()
+	if err != nil {
+		return 0, err
+	}
+	if err := l.loadCA(); err != nil {
+		return 0, err
+	}
+	_, fp := l.CA()
+	var fps []string
+	for _, r := range retired {
+		fps = append(fps, pki.FormatFingerprint(pki.FingerprintOf(r)))
+	}
+	if err := l.cluster.Record(ctx, cluster.EventCARetired, actor, map[string]string{"caFingerprint": fp, "retired": strings.Join(fps, " ")}); err != nil {
+		return 0, err
+	}
+	return l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARetiredBy, nil)
 }
 
 func (l *Listener) tlsConfig() *tls.Config {

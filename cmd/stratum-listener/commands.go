@@ -430,13 +430,26 @@ func caCommand() *cobra.Command {
 			return show(cmd, v)
 		},
 	}, &cobra.Command{
-		Use: "rotate", Short: "make a new root CA; codes minted before become stale, nodes move over at renewal", Args: args(0),
+		Use: "rotate", Short: "make a new root CA; codes minted before are revoked (stale), tokens and keys go on until `ca retire`, nodes move over at renewal", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := client().RotateCA(cmd.Context())
 			if err != nil {
 				return err
 			}
 			return show(cmd, v)
+		},
+	}, &cobra.Command{
+		Use: "retire", Short: "end every root but the current one; secrets minted under them are revoked", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v, err := client().RetireCA(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "retired every root but %s; %d secrets minted under them revoked\n", v.Fingerprint, v.RevokedSecrets)
+			return nil
 		},
 	})
 	return cmd

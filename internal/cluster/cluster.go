@@ -340,6 +340,43 @@ func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string,
 	return nil, false, ErrConflict
 }
 
+// RevokedEvent is the event type that announces the revocation of a
+// secret of kind.
+func RevokedEvent(kind string) string {
+	switch kind {
+	case KindToken:
+		return EventTokenRevoked
+	case KindKey:
+		return EventKeyRevoked
+	}
+	return EventCodeRevoked
+}
+
+// RevokeUnderOtherRoots revokes, by actor, every unrevoked secret minted
+// under a root other than currentFP that match selects (all when nil), one
+// event each. It returns how many it revoked.
+func (c *Cluster) RevokeUnderOtherRoots(ctx context.Context, currentFP, actor string, match func(*Secret) bool) (int, error) {
+	all, err := c.Secrets(ctx, "")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range all {
+		s := &all[i]
+		if s.RevokedAt != nil || s.CAFingerprint == currentFP || match != nil && !match(s) {
+			continue
+		}
+		_, did, err := c.RevokeSecret(ctx, s.ID, actor, RevokedEvent(s.Kind), map[string]string{"kind": s.Kind, "pool": s.Pool, "tenant": s.Tenant, "caFingerprint": s.CAFingerprint})
+		if err != nil {
+			return n, err
+		}
+		if did {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // DeleteSecret removes a secret, its locator and its name reservation.
 func (c *Cluster) DeleteSecret(ctx context.Context, id, actor, eventType, orgKey string) error {
 	for range maxCASRounds {

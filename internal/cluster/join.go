@@ -276,10 +276,17 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was burned after too many failed attempts; ask for a new one", nil), nil
 	case st == stateRevoked && s.RevokedBy == UsedUpBy:
 		// used up: the joins it holds go on; a new one is refused below
+	case st == stateRevoked && s.RevokedBy == CARotatedBy:
+		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+	case st == stateRevoked && s.RevokedBy == CARetiredBy:
+		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was minted under a cluster CA root that has been retired; ask for a new one", nil), nil
 	case st == stateRevoked:
 		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was revoked; ask for a new one", nil), nil
 	}
-	if s.CAFingerprint != req.CurrentCA {
+	// A code's record commits to its root, and a rotation ends it; a token
+	// or key goes on joining through its root until that root is retired
+	// (it then is revoked, above), and its agent pins the current root.
+	if s.Burns() && s.CAFingerprint != req.CurrentCA {
 		return c.refuse(tx, s, wire.CodeStale, "the "+kindName(s.Kind)+" was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
 	}
 	if field := MismatchedField(s.Expect, req.Facts); field != "" {

@@ -28,6 +28,14 @@ const MaxUnproven = 10
 // BurnedBy is the revokedBy of a burned secret (seed 004).
 const BurnedBy = "system:too-many-attempts"
 
+// CARotatedBy is the revokedBy of a join code that `ca rotate` ended: a
+// code's record commits to the root it was minted under.
+const CARotatedBy = "system:ca-rotation"
+
+// CARetiredBy is the revokedBy of a secret of any kind whose root `ca
+// retire` ended.
+const CARetiredBy = "system:ca-retired"
+
 // UsedUpBy is the revokedBy of a join code whose last allowed use was
 // spent: the join-codes API knows only live, expired and revoked, and a
 // used-up code is revoked at that moment, not listed expired before its
@@ -269,4 +277,6 @@ const (
 	EventJoinApproved     = "join.approved"
 	EventJoinRefusedAdmin = "join.approval-refused"
 	EventCARotated        = "ca.rotated"
+	EventCARetired        = "ca.retired"
+	EventKeyRevoked       = "security.join-key.revoked"
 )

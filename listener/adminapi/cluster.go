@@ -401,6 +401,22 @@ func (s *Server) rotateCA(w http.ResponseWriter, r *http.Request, p Principal) e
 	return nil
 }
 
+// RetireView is what `ca retire` answers: the CA that stays, and how many
+// secrets minted under the retired roots were revoked.
+type RetireView struct {
+	CAView
+	RevokedSecrets int `json:"revokedSecrets"`
+}
+
+func (s *Server) retireCA(w http.ResponseWriter, r *http.Request, p Principal) error {
+	n, err := s.core.RetireCA(r.Context(), p.Name)
+	if err != nil {
+		return errInternal(err)
+	}
+	writeJSON(w, http.StatusOK, RetireView{CAView: s.caView(), RevokedSecrets: n})
+	return nil
+}
+
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, _ Principal) error {
 	q := r.URL.Query()
 	limit := 1000

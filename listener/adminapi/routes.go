@@ -114,6 +114,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/refuse", h: s.decideJoin(false)},
 		{method: http.MethodGet, path: "/v1/admin/cluster/ca", adminOnly: true, h: s.getCA},
 		{method: http.MethodPost, path: "/v1/admin/cluster/ca/rotate", adminOnly: true, h: s.rotateCA},
+		{method: http.MethodPost, path: "/v1/admin/cluster/ca/retire", adminOnly: true, h: s.retireCA},
 		{method: http.MethodGet, path: "/v1/admin/cluster/events", adminOnly: true, h: s.listEvents},
 		{method: http.MethodGet, path: "/v1/admin/registry", adminOnly: true, h: s.showRegistry},
 		{method: http.MethodPost, path: "/v1/admin/api-keys", adminOnly: true, h: s.createAPIKey},

@@ -199,6 +199,14 @@ func (c *Client) RotateCA(ctx context.Context) (adminapi.CAView, error) {
 	return out, err
 }
 
+// RetireCA ends every root but the current one and revokes what was
+// minted under them.
+func (c *Client) RetireCA(ctx context.Context) (adminapi.RetireView, error) {
+	var out adminapi.RetireView
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/ca/retire", nil, &out)
+	return out, err
+}
+
 // Events lists events after seq; wait > 0 long-polls for new ones.
 func (c *Client) Events(ctx context.Context, after string, wait time.Duration) ([]cluster.Event, error) {
 	q := url.Values{}
