@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/coreos/go-systemd/v22/unit"
+
+	"github.com/stratumjoin/stratum/internal/testenv"
 )
 
 var unitNames = []string{
@@ -23,15 +25,12 @@ var unitNames = []string{
 	"stratum-listener.socket",
 }
 
-// requireTool fails (never skips) when a systemd tool is missing: the unit
-// checks are the only proof the units load, and CI installs the package.
+// requireTool fails when a systemd tool is missing (skips only under
+// -short): the unit checks are the proof the units load, and CI installs
+// the package.
 func requireTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s not found (%v): install the `systemd` package (apt-get install systemd), CI installs it", name, err)
-	}
-	return path
+	return testenv.NeedTool(t, name, "systemd")
 }
 
 // newRoot builds a file system root for `systemd-analyze --root=`: the units

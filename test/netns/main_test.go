@@ -4,36 +4,31 @@
 // the MAC the agent's kernel really reports.
 //
 // It needs root and iproute2's `ip` (CI runs as root); without them it
-// fails, saying so, rather than skipping.
+// fails, saying so, except under -short (make test-short), which skips it.
 package netns
 
 import (
+	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/stratumjoin/stratum/internal/testbin"
+	"github.com/stratumjoin/stratum/internal/testenv"
 )
 
 // binDir holds the stratum-listener and stratum-agent built for this run.
 var binDir string
 
 func TestMain(m *testing.M) {
-	if err := preconditions(); err != nil {
-		fmt.Fprintln(os.Stderr, "test/netns:", err)
+	flag.Parse()
+	if why := testenv.Missing(true, map[string]string{"ip": "iproute2"}); why != "" {
+		if testing.Short() {
+			fmt.Fprintln(os.Stderr, "test/netns: skipped under -short:", why)
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "test/netns: network namespaces and veth links need root and iproute2:", why, "(CI runs as root)")
 		os.Exit(1)
 	}
 	os.Exit(testbin.Run(m, &binDir, "./cmd/stratum-listener", "./cmd/stratum-agent"))
-}
-
-// preconditions says what is missing to make network namespaces.
-func preconditions() error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("must run as root to create network namespaces and veth links (uid %d); CI runs these tests as root", os.Geteuid())
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		return fmt.Errorf("iproute2's `ip` is needed to create network namespaces: %w", err)
-	}
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/testenv"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 )
@@ -78,10 +79,7 @@ func agentJoin(t *testing.T, endpoint, code string) string {
 // STOPPING=1 on SIGTERM.
 func TestListenerSocketActivation(t *testing.T) {
 	t.Run("systemd-socket-activate", func(t *testing.T) {
-		tool, err := exec.LookPath("systemd-socket-activate")
-		if err != nil {
-			t.Fatalf("systemd-socket-activate is needed (Debian: apt-get install systemd): %v", err)
-		}
+		tool := testenv.NeedTool(t, "systemd-socket-activate", "systemd")
 		endpoint := freeUDP(t)
 		data := initListener(t, endpoint)
 		// The tool starts the listener on the first datagram, and the

@@ -1,5 +1,8 @@
-// Package etcdtest runs a real single-node etcd inside a test process, so the
-// etcd store backend is tested against etcd itself rather than a fake.
+// Package etcdtest runs real etcd for tests, so the etcd store backend is
+// tested against etcd itself rather than a fake: a single member inside the
+// test process (Start), or a cluster of member processes that a test can
+// kill, partition and secure with TLS, client certificates and a password
+// (StartProcs).
 //
 // Only _test.go files import it; it links the whole etcd server, which no
 // Stratum binary should carry.

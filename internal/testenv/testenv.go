@@ -1,0 +1,53 @@
+// Package testenv says what a test needs from the machine (root, a system
+// tool) and decides what happens when it is missing: under `go test -short`
+// (make test-short, an ordinary user's laptop) the test is skipped; in the
+// full run (make test, CI as root) it fails, naming what to install, so a
+// missing tool can never pass CI as a silent skip.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// NeedRoot stops t unless it runs as root.
+func NeedRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if testing.Short() {
+		t.Skipf("needs root to %s; make test (as root) runs it", why)
+	}
+	t.Fatalf("must run as root to %s (uid %d); CI runs the tests as root, or use make test-short", why, os.Geteuid())
+}
+
+// NeedTool returns the path of tool, or stops t naming the Debian package
+// that provides it.
+func NeedTool(t testing.TB, tool, debianPackage string) string {
+	t.Helper()
+	path, err := exec.LookPath(tool)
+	if err == nil {
+		return path
+	}
+	if testing.Short() {
+		t.Skipf("%s not found; make test needs it (apt-get install %s)", tool, debianPackage)
+	}
+	t.Fatalf("%s not found (%v): apt-get install %s (.ci/run installs it)", tool, err, debianPackage)
+	return ""
+}
+
+// Missing reports, for a TestMain, why a suite cannot run here: "" when it
+// can. Under -short the caller skips the suite; otherwise it fails.
+func Missing(needRoot bool, tools map[string]string) string {
+	if needRoot && os.Geteuid() != 0 {
+		return "must run as root"
+	}
+	for tool, pkg := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " not found (apt-get install " + pkg + ")"
+		}
+	}
+	return ""
+}
