@@ -50,10 +50,19 @@ func agentJoins(b *testing.B, p *proc, secret string, n int) (wall, cpu []time.D
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	noRoot := filepath.Join(dir, "no-root") // no DMI: no machine identity, so no NODE_EXISTS between runs
 	for i := range n {
 		state := filepath.Join(dir, fmt.Sprint(i))
-		cmd := exec.Command(filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", p.endpoint, "--code-file", secretFile, "--state", state, "--root", noRoot)
+		// each run is a machine of its own: its own SMBIOS product UUID
+		root := filepath.Join(dir, fmt.Sprint("root-", i))
+		dmi := filepath.Join(root, "sys", "class", "dmi", "id")
+		if err := os.MkdirAll(dmi, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		uuid := fmt.Sprintf("4c4c4544-0000-0000-0000-%012x", time.Now().UnixNano()&0xffffffffffff)
+		if err := os.WriteFile(filepath.Join(dmi, "product_uuid"), []byte(uuid+"\n"), 0o444); err != nil {
+			b.Fatal(err)
+		}
+		cmd := exec.Command(filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", p.endpoint, "--code-file", secretFile, "--state", state, "--root", root)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		t0 := time.Now()

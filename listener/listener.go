@@ -232,7 +232,7 @@ func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 		return "", err
 	}
 	_, fp := l.CA()
-	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]string{"caFingerprint": fp}); err != nil {
+	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]any{"caFingerprint": fp}); err != nil {
 		return fp, err
 	}
 	_, err := l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARotatedBy, func(s *cluster.Secret) bool { return s.Kind == cluster.KindCode })
@@ -256,7 +256,7 @@ func (l *Listener) RetireCA(ctx context.Context, actor string) (int, error) {
 	for _, r := range retired {
 		fps = append(fps, pki.FormatFingerprint(pki.FingerprintOf(r)))
 	}
-	if err := l.cluster.Record(ctx, cluster.EventCARetired, actor, map[string]string{"caFingerprint": fp, "retired": strings.Join(fps, " ")}); err != nil {
+	if err := l.cluster.Record(ctx, cluster.EventCARetired, actor, map[string]any{"caFingerprint": fp, "retired": strings.Join(fps, " ")}); err != nil {
 		return 0, err
 	}
 	return l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARetiredBy, nil)

@@ -496,10 +496,10 @@ func eventsCommand() *cobra.Command {
 	return cmd
 }
 
-func fieldsText(f map[string]string) string {
+func fieldsText(f map[string]any) string {
 	var parts []string
 	for k, v := range f {
-		parts = append(parts, k+"="+v)
+		parts = append(parts, fmt.Sprint(k, "=", v))
 	}
 	sortStrings(parts)
 	return strings.Join(parts, " ")

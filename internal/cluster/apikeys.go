@@ -64,7 +64,7 @@ const (
 // CreateAPIKey stores a new API key; ErrExists when its id is taken.
 func (c *Cluster) CreateAPIKey(ctx context.Context, k APIKey) (*APIKey, error) {
 	k.CreatedAt = c.now().UTC()
-	ev, evOp := c.newEvent(EventAPIKeyCreated, k.CreatedBy, map[string]string{"id": k.ID, "tenant": k.Tenant, "name": k.Name})
+	ev, evOp := c.newEvent(EventAPIKeyCreated, k.CreatedBy, map[string]any{"id": k.ID, "tenant": k.Tenant, "name": k.Name})
 	ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxAPIKey + k.ID}}, []store.Op{putJSON(pfxAPIKey+k.ID, k), evOp})
 	if err != nil {
 		return nil, fmt.Errorf("store api key: %w", err)
@@ -110,7 +110,7 @@ func (c *Cluster) RevokeAPIKey(ctx context.Context, id, actor string) (*APIKey, 
 		}
 		now := c.now().UTC()
 		k.RevokedAt, k.RevokedBy = &now, actor
-		ev, evOp := c.newEvent(EventAPIKeyRevoked, actor, map[string]string{"id": id, "tenant": k.Tenant})
+		ev, evOp := c.newEvent(EventAPIKeyRevoked, actor, map[string]any{"id": id, "tenant": k.Tenant})
 		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxAPIKey + id, Rev: rev}}, []store.Op{putJSON(pfxAPIKey+id, k), evOp})
 		if err != nil {
 			return nil, false, fmt.Errorf("revoke api key: %w", err)

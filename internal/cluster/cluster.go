@@ -67,7 +67,7 @@ var (
 	ErrInvalidState = errors.New("invalid state")
 )
 
-func (c *Cluster) newEvent(typ, actor string, fields map[string]string) (Event, store.Op) {
+func (c *Cluster) newEvent(typ, actor string, fields map[string]any) (Event, store.Op) {
 	now := c.now().UTC()
 	ev := Event{Seq: c.seq.next(now), Type: typ, Time: now, Actor: actor, Fields: fields}
 	return ev, putJSON(pfxEvent+ev.Seq, ev)
@@ -82,7 +82,7 @@ func (c *Cluster) logEvents(evs ...Event) {
 		}
 		keys := slices.Sorted(maps.Keys(ev.Fields))
 		for _, k := range keys {
-			attrs = append(attrs, slog.String(k, ev.Fields[k]))
+			attrs = append(attrs, slog.Any(k, ev.Fields[k]))
 		}
 		c.logger.Info("event", attrs...)
 	}
@@ -97,7 +97,7 @@ type SecretSpec struct {
 	Secret      Secret // ID, Kind and the policy fields; Locator, Record and counters are set by Mint
 	Mint        MintFunc
 	EventType   string
-	EventFields map[string]string
+	EventFields map[string]any
 	// UniqueName, when set, is reserved under name/<UniqueName> (join key names).
 	UniqueName string
 	// PerOrgLimit, when > 0, bounds how many secrets of this kind OrgKey may hold.
@@ -220,7 +220,7 @@ func (c *Cluster) mintCode(ctx context.Context, spec SecretSpec, s Secret) (*Sec
 		s.Locator, s.Record = sel, rec
 		fields := maps.Clone(spec.EventFields)
 		if fields == nil {
-			fields = map[string]string{}
+			fields = map[string]any{}
 		}
 		fields["id"], fields["selector"] = s.ID, sel
 		ev, evOp := c.newEvent(spec.EventType, s.CreatedBy, fields)
@@ -307,7 +307,7 @@ func (c *Cluster) SecretsPage(ctx context.Context, idPrefix, after string, limit
 // RevokeSecret revokes a secret at once. It returns the record and whether
 // this call revoked it; revoking a revoked secret changes nothing and
 // publishes nothing.
-func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string, fields map[string]string) (*Secret, bool, error) {
+func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string, fields map[string]any) (*Secret, bool, error) {
 	for range maxCASRounds {
 		var s Secret
 		rev, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
@@ -324,7 +324,7 @@ func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string,
 		s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, actor, now
 		f := maps.Clone(fields)
 		if f == nil {
-			f = map[string]string{}
+			f = map[string]any{}
 		}
 		f["id"] = id
 		ev, evOp := c.newEvent(eventType, actor, f)
@@ -366,7 +366,7 @@ func (c *Cluster) RevokeUnderOtherRoots(ctx context.Context, currentFP, actor st
 		if s.RevokedAt != nil || s.CAFingerprint == currentFP || match != nil && !match(s) {
 			continue
 		}
-		_, did, err := c.RevokeSecret(ctx, s.ID, actor, RevokedEvent(s.Kind), map[string]string{"kind": s.Kind, "pool": s.Pool, "tenant": s.Tenant, "caFingerprint": s.CAFingerprint})
+		_, did, err := c.RevokeSecret(ctx, s.ID, actor, RevokedEvent(s.Kind), map[string]any{"kind": s.Kind, "pool": s.Pool, "tenant": s.Tenant, "caFingerprint": s.CAFingerprint})
 		if err != nil {
 			return n, err
 		}
@@ -388,7 +388,7 @@ func (c *Cluster) DeleteSecret(ctx context.Context, id, actor, eventType, orgKey
 		if !found {
 			return ErrNotFound
 		}
-		ev, evOp := c.newEvent(eventType, actor, map[string]string{"id": id})
+		ev, evOp := c.newEvent(eventType, actor, map[string]any{"id": id})
 		cmps := []store.Cmp{{Key: pfxSecret + id, Rev: rev}}
 		ops := []store.Op{{Key: pfxSecret + id, Delete: true}, {Key: pfxLocator + s.Locator, Delete: true}, evOp}
 		if s.Key != nil {
@@ -471,7 +471,7 @@ func (c *Cluster) RevokeNode(ctx context.Context, id, actor string) (*Node, erro
 		if err != nil {
 			return nil, err
 		}
-		ev, evOp := c.newEvent(EventNodeRevoked, actor, map[string]string{"nodeId": id})
+		ev, evOp := c.newEvent(EventNodeRevoked, actor, map[string]any{"nodeId": id})
 		cmps := []store.Cmp{{Key: pfxNode + id, Rev: rev}, {Key: idKey, Rev: irev}}
 		ops := []store.Op{putJSON(pfxNode+id, n), evOp}
 		if holder == id && n.IdentityKey != "" {
@@ -548,7 +548,7 @@ func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool
 		if !approve {
 			j.State, typ = joinRefused, EventJoinRefusedAdmin
 		}
-		ev, evOp := c.newEvent(typ, actor, map[string]string{"joinId": id, "secretId": j.SecretID})
+		ev, evOp := c.newEvent(typ, actor, map[string]any{"joinId": id, "secretId": j.SecretID})
 		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxJoin + id, Rev: rev}}, []store.Op{putJSON(pfxJoin+id, j), evOp})
 		if err != nil {
 			return nil, fmt.Errorf("decide join: %w", err)
@@ -581,7 +581,7 @@ func (j *Join) IsPending() bool { return j.State == joinPending }
 func (n *Node) Active() bool { return n.State == nodeActive }
 
 // Record appends a standalone event.
-func (c *Cluster) Record(ctx context.Context, typ, actor string, fields map[string]string) error {
+func (c *Cluster) Record(ctx context.Context, typ, actor string, fields map[string]any) error {
 	ev, op := c.newEvent(typ, actor, fields)
 	if _, err := c.store.Txn(ctx, nil, []store.Op{op}); err != nil {
 		return fmt.Errorf("record event: %w", err)

@@ -66,7 +66,7 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 		if s.Burns() && s.Unproven+1 > MaxUnproven {
 			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
-			ev, evOp := c.newEvent(EventSecretBurned, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(s.Unproven)})
+			ev, evOp := c.newEvent(EventSecretBurned, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": s.Unproven})
 			evs, ops, counted = append(evs, ev), append(ops, evOp), false
 		} else {
 			s.Unproven++
@@ -144,7 +144,7 @@ func (c *Cluster) failedEvent(s *Secret) (pendingEvent, bool) {
 	if s.Kind == KindKey {
 		typ = EventKeyFailed
 	}
-	ev, op := c.newEvent(typ, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(failed)})
+	ev, op := c.newEvent(typ, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": failed})
 	return pendingEvent{ev, op}, true
 }
 
@@ -256,14 +256,14 @@ type txn struct {
 	events []Event
 }
 
-func (c *Cluster) event(tx *txn, typ, actor string, fields map[string]string) {
+func (c *Cluster) event(tx *txn, typ, actor string, fields map[string]any) {
 	ev, op := c.newEvent(typ, actor, fields)
 	tx.events, tx.ops = append(tx.events, ev), append(tx.ops, op)
 }
 
-func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string]string) Outcome {
+func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string]any) Outcome {
 	if fields == nil {
-		fields = map[string]string{}
+		fields = map[string]any{}
 	}
 	fields["secretId"], fields["code"] = s.ID, code
 	c.event(tx, EventJoinRefused, SystemActor, fields)
@@ -290,7 +290,7 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		return c.refuse(tx, s, wire.CodeStale, "the "+kindName(s.Kind)+" was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
 	}
 	if field := MismatchedField(s.Expect, req.Facts); field != "" {
-		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the "+kindName(s.Kind)+" is pinned to", map[string]string{"field": field}), nil
+		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the "+kindName(s.Kind)+" is pinned to", map[string]any{"field": field}), nil
 	}
 
 	// A join this key already made with this secret is continued, never
@@ -332,7 +332,7 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		s.Uses++
 		c.revokeIfUsedUp(tx, s, now)
 		tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j), putString(jkKey, j.ID))
-		c.event(tx, EventJoinPending, SystemActor, map[string]string{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
+		c.event(tx, EventJoinPending, SystemActor, map[string]any{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
 	}
 	out, err := c.completeNode(ctx, tx, s, j, req, now)
@@ -353,7 +353,7 @@ func (c *Cluster) revokeIfUsedUp(tx *txn, s *Secret, now time.Time) {
 		return
 	}
 	s.RevokedAt, s.RevokedBy = &now, UsedUpBy
-	c.event(tx, EventCodeRevoked, UsedUpBy, map[string]string{"id": s.ID, "pool": s.Pool, "tenant": s.Tenant, "uses": strconv.Itoa(s.Uses)})
+	c.event(tx, EventCodeRevoked, UsedUpBy, map[string]any{"id": s.ID, "pool": s.Pool, "tenant": s.Tenant, "uses": s.Uses})
 }
 
 // kindName names a secret's kind in messages agents print.
@@ -429,7 +429,7 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 			}
 			if found && old.Active() {
 				if !s.AllowReclaim {
-					return c.refuse(tx, s, wire.CodeNodeExists, "a node with this machine's identity is already joined ("+old.ID+"); revoke it or use a code that allows reclaim", map[string]string{"nodeId": old.ID}), nil
+					return c.refuse(tx, s, wire.CodeNodeExists, "a node with this machine's identity is already joined ("+old.ID+"); revoke it or use a code that allows reclaim", map[string]any{"nodeId": old.ID}), nil
 				}
 				tx.cmps = append(tx.cmps, store.Cmp{Key: pfxNode + old.ID, Rev: orev})
 				if old.CertSerial != "" {
@@ -471,7 +471,7 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 	j.State, j.NodeID = joinCompleted, n.ID
 	s.Registrations++
 	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putJSON(pfxJoin+j.ID, j), putString(pfxSerial+cert.Serial, serialOwner(n)))
-	fields := map[string]string{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	fields := map[string]any{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
 	if reclaimed {
 		c.event(tx, EventNodeReclaimed, SystemActor, fields)
 	} else {
@@ -580,7 +580,7 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		}
 		now := c.now().UTC()
 		n.CertSerial, n.NotAfter, n.RenewedAt, n.KeyFP = cert.Serial, cert.NotAfter, &now, req.KeyFP
-		ev, evOp := c.newEvent(EventNodeRenewed, SystemActor, map[string]string{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
+		ev, evOp := c.newEvent(EventNodeRenewed, SystemActor, map[string]any{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
 		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n)), evOp})
 		if err != nil {
 			return Outcome{}, fmt.Errorf("commit renewal: %w", err)

@@ -254,7 +254,7 @@ type Event struct {
 	Type   string            `json:"type"`
 	Time   time.Time         `json:"time"`
 	Actor  string            `json:"actor,omitempty"`
-	Fields map[string]string `json:"fields,omitempty"`
+	Fields map[string]any `json:"fields,omitempty"`
 }
 
 // Event types.

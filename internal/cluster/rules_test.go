@@ -114,7 +114,7 @@ func TestTokensAndKeysCountButNeverBurn(t *testing.T) {
 			evs := eventsOf(t, c, kc.event)
 			var counts []string
 			for _, ev := range evs {
-				counts = append(counts, ev.Fields["failedAttempts"])
+				counts = append(counts, fmt.Sprint(ev.Fields["failedAttempts"]))
 			}
 			if fmt.Sprint(counts) != "[1 2 4 8 16]" {
 				t.Errorf("failed-attempt events at %v, want [1 2 4 8 16]", counts)

@@ -162,7 +162,7 @@ func (s *Server) mintCode(w http.ResponseWriter, r *http.Request, p Principal) e
 		Hosted: req.Hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, RequireApproval: !req.AutoApprove,
 		MaxUses: *req.MaxUses, CreatedBy: p.Name, ExpiresAt: &exp,
 	}
-	fields := map[string]string{"pool": pool.ID, "tenant": pool.Tenant, "pinned": strconv.FormatBool(!req.Expect.Empty()), "trust": trust}
+	fields := map[string]any{"pool": pool.ID, "tenant": pool.Tenant, "pinned": !req.Expect.Empty(), "trust": trust}
 	if req.Hosted != "" {
 		fields["hosted"] = req.Hosted
 	}
@@ -212,7 +212,7 @@ func (s *Server) revokeCode(w http.ResponseWriter, r *http.Request, p Principal)
 	if err != nil {
 		return err
 	}
-	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventCodeRevoked, map[string]string{"pool": sec.Pool, "tenant": sec.Tenant})
+	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventCodeRevoked, map[string]any{"pool": sec.Pool, "tenant": sec.Tenant})
 	if err != nil {
 		return errInternal(err)
 	}

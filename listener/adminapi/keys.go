@@ -204,7 +204,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p Principal) 
 	}
 	spec := cluster.SecretSpec{
 		Secret: sec, EventType: cluster.EventKeyCreated,
-		EventFields: map[string]string{"id": id, "organizationID": org.ID, "name": req.Name, "networkID": c.network.ID},
+		EventFields: map[string]any{"id": id, "organizationID": org.ID, "name": req.Name, "networkID": c.network.ID},
 		UniqueName:  org.ID + "/" + req.Name, PerOrgLimit: org.Limits.JoinKeys, OrgKey: keyOrgIndexPrefix + org.ID,
 	}
 	stored, token, err := s.core.Mint(r.Context(), spec)

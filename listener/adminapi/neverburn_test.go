@@ -81,7 +81,7 @@ func TestTokensAndKeysNeverBurn(t *testing.T) {
 			var at []string
 			for _, ev := range e.events(s.event) {
 				if ev.Fields["id"] == s.id {
-					at = append(at, ev.Fields["failedAttempts"])
+					at = append(at, fmt.Sprint(ev.Fields["failedAttempts"]))
 				}
 			}
 			if fmt.Sprint(at) != "[1 2 4 8 16]" {

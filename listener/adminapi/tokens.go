@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -225,9 +224,9 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request, p Principal
 		Hosted: hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, MaxUses: *req.MaxUses,
 		CreatedBy: p.Name, ExpiresAt: &exp, Index: []string{tokenIndex(req.TenantID, req.PoolID) + id},
 	}
-	fields := map[string]string{
-		"id": id, "tenantId": req.TenantID, "poolId": req.PoolID, "pinned": strconv.FormatBool(!req.Expect.Empty()),
-		"maxUses": strconv.Itoa(*req.MaxUses), "role": role, "trust": trust,
+	fields := map[string]any{
+		"id": id, "tenantId": req.TenantID, "poolId": req.PoolID, "pinned": !req.Expect.Empty(),
+		"maxUses": *req.MaxUses, "role": role, "trust": trust,
 	}
 	if hosted != "" {
 		fields["hosted"] = hosted
@@ -342,7 +341,7 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request, p Principal
 	if err != nil {
 		return errInternal(err)
 	}
-	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventTokenRevoked, map[string]string{"tenantId": sec.Tenant, "poolId": sec.Pool})
+	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventTokenRevoked, map[string]any{"tenantId": sec.Tenant, "poolId": sec.Pool})
 	if err != nil {
 		return errInternal(err)
 	}

@@ -282,7 +282,7 @@ func TestJoinTokenLifecycle(t *testing.T) {
 		t.Errorf("%d revoked events for the token, want 1", n)
 	}
 	for _, ev := range created {
-		if ev.Fields["id"] == tok.ID && (ev.Fields["pinned"] != "false" || ev.Fields["poolId"] != "pool-a" || ev.Actor == "") {
+		if ev.Fields["id"] == tok.ID && (ev.Fields["pinned"] != false || ev.Fields["poolId"] != "pool-a" || ev.Actor == "") {
 			t.Errorf("created event %+v", ev)
 		}
 		if _, ok := ev.Fields["hosted"]; ok {
@@ -340,7 +340,7 @@ func TestJoinTokenIdempotency(t *testing.T) {
 		id = k
 	}
 	created := e.events(cluster.EventTokenCreated)
-	if len(created) != 1 || created[0].Fields["id"] != id || created[0].Fields["pinned"] != "true" || created[0].Fields["hosted"] != "kubernetes" {
+	if len(created) != 1 || created[0].Fields["id"] != id || created[0].Fields["pinned"] != true || created[0].Fields["maxUses"] != 2.0 || created[0].Fields["hosted"] != "kubernetes" {
 		t.Fatalf("created events %+v, want one with pinned=true hosted=kubernetes", created)
 	}
 
