@@ -250,10 +250,10 @@ type Join struct {
 
 // Event is one durable, ordered record of something that happened.
 type Event struct {
-	Seq    string            `json:"seq"`
-	Type   string            `json:"type"`
-	Time   time.Time         `json:"time"`
-	Actor  string            `json:"actor,omitempty"`
+	Seq    string         `json:"seq"`
+	Type   string         `json:"type"`
+	Time   time.Time      `json:"time"`
+	Actor  string         `json:"actor,omitempty"`
 	Fields map[string]any `json:"fields,omitempty"`
 }
 
