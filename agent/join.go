@@ -110,7 +110,9 @@ func (c *JoinConfig) defaults() {
 func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	cfg.defaults()
 	st := State{Dir: cfg.StateDir}
-	if n := st.failures(cfg.Secret.Locator); n >= MaxPAKEFailures {
+	if n, err := st.failures(cfg.Secret.Locator); err != nil {
+		return nil, err
+	} else if n >= MaxPAKEFailures {
 		return nil, ErrGaveUp
 	}
 	key, err := st.Key()
@@ -152,9 +154,14 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	j, err := exchange(ctx, str, exporter, peer, key, &cfg)
 	if errors.Is(err, ErrNotAccepted) {
 		conn.CloseWithError(0x102, "")
-		n := st.failures(cfg.Secret.Locator) + 1
-		_ = st.setFailures(cfg.Secret.Locator, n)
-		if n >= MaxPAKEFailures {
+		n, ferr := st.failures(cfg.Secret.Locator)
+		if ferr == nil {
+			ferr = st.setFailures(cfg.Secret.Locator, n+1)
+		}
+		if ferr != nil {
+			return nil, fmt.Errorf("%w (and %w)", err, ferr)
+		}
+		if n+1 >= MaxPAKEFailures {
 			return nil, fmt.Errorf("%w (%w)", ErrGaveUp, err)
 		}
 		return nil, err
@@ -162,6 +169,8 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Joined: forgetting the count is tidying only. A count left behind
+	// can only make the agent give up sooner on this code, never later.
 	_ = st.setFailures(cfg.Secret.Locator, 0)
 	return j, nil
 }

@@ -198,19 +198,33 @@ func (s State) Chain() ([]*x509.Certificate, error) {
 }
 
 // failures counts PAKE failures per locator (public), so a service that
-// restarts does not keep spending a code's attempts.
-func (s State) failures(locator string) int {
+// restarts does not keep spending a code's attempts. A file that cannot be
+// read or decoded is an error, never a count of 0: the give-up counter
+// fails closed.
+func (s State) failures(locator string) (int, error) {
+	m, err := s.readFailures()
+	return m[locator], err
+}
+
+func (s State) readFailures() (map[string]int, error) {
 	m := map[string]int{}
-	if b, err := os.ReadFile(s.path(failuresFile)); err == nil {
-		_ = json.Unmarshal(b, &m)
+	b, err := os.ReadFile(s.path(failuresFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return m, nil
 	}
-	return m[locator]
+	if err != nil {
+		return nil, fmt.Errorf("read the give-up counter: %w", err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("the give-up counter %s is corrupt (delete it to start counting again): %w", s.path(failuresFile), err)
+	}
+	return m, nil
 }
 
 func (s State) setFailures(locator string, n int) error {
-	m := map[string]int{}
-	if b, err := os.ReadFile(s.path(failuresFile)); err == nil {
-		_ = json.Unmarshal(b, &m)
+	m, err := s.readFailures()
+	if err != nil {
+		return err
 	}
 	if n == 0 {
 		if _, ok := m[locator]; !ok {
@@ -220,6 +234,12 @@ func (s State) setFailures(locator string, n int) error {
 	} else {
 		m[locator] = n
 	}
-	b, _ := json.Marshal(m)
-	return pki.WriteFile(s.path(failuresFile), b, 0o600)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFile(s.path(failuresFile), b, 0o600); err != nil {
+		return fmt.Errorf("record the give-up counter: %w", err)
+	}
+	return nil
 }

@@ -133,7 +133,7 @@ func checkPin(t *testing.T, tc pinCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(n.Facts, tc.right) {
+	if !reflect.DeepEqual(n.Facts.Wire(), tc.right) {
 		t.Errorf("node claims\n %+v\nwant\n %+v", n.Facts, tc.right)
 	}
 	if !strings.Contains(n.FactsNote, "not attested") {

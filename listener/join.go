@@ -167,11 +167,16 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 			announced = true
 		}
 		req.Attempt.Counted = false
-		if err := l.waitDecision(waitCtx, out.Join.ID, deadline); err != nil {
+		if err := l.waitDecision(waitCtx, out.Join.ID, deadline); errors.Is(err, errStoreWait) {
+			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener cannot reach its store; the join stays pending, try again"})
+			return errCodeDone, err
+		} else if err != nil {
 			return errCodeDone, err
 		}
 	}
 }
+
+var errStoreWait = errors.New("read the pending join")
 
 // waitDecision polls a pending join until it is decided.
 func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline time.Time) error {
@@ -188,7 +193,9 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 		}
 		j, err := l.cluster.Join(ctx, joinID)
 		if err != nil {
-			continue
+			// not swallowed: the agent is told the store is unreachable
+			// and comes back to the same pending join
+			return fmt.Errorf("%w: %w", errStoreWait, err)
 		}
 		if !j.IsPending() {
 			return nil
@@ -238,7 +245,7 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 		Role:       out.Node.Role,
 		Trust:      out.Node.Trust,
 		RenewAfter: cert.NotBefore.Add(life * 2 / 3).Unix(),
-		Host:       out.Node.Host,
+		Host:       out.Node.Host.Wire(),
 	}
 	if out.Join != nil {
 		r.JoinID = out.Join.ID

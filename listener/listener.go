@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -159,8 +160,18 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		l.ownStore = true
 	}
 	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
+	if err := l.cluster.CheckSchema(ctx); err != nil {
+		if l.ownStore {
+			l.store.Close()
+		}
+		return nil, err
+	}
 	return l, nil
 }
+
+// Store is the listener's store, for tests and the store commands; the
+// admin facades reach it only through Cluster.
+func (l *Listener) Store() store.Store { return l.store }
 
 // Cluster gives access to the cluster state (admin facades, tests).
 func (l *Listener) Cluster() *cluster.Cluster { return l.cluster }
@@ -233,7 +244,7 @@ func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 	}
 	_, fp := l.CA()
 	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]any{"caFingerprint": fp}); err != nil {
-		return fp, err
+		return fp, fmt.Errorf("the CA was rotated to %s, but its event was not recorded: %w", fp, err)
 	}
 	_, err := l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARotatedBy, func(s *cluster.Secret) bool { return s.Kind == cluster.KindCode })
 	return fp, err
@@ -279,13 +290,22 @@ func (l *Listener) tlsConfig() *tls.Config {
 	}
 }
 
-// Run serves until ctx ends.
+// Run serves until ctx ends, or until one of its servers (QUIC, the admin
+// socket, HTTPS) fails: the failure of one ends them all and is returned.
 func (l *Listener) Run(ctx context.Context) error {
 	defer func() {
 		if l.ownStore {
 			l.store.Close()
 		}
 	}()
+	resetRaw, err := l.derivedKey("quic stateless reset")
+	if err != nil {
+		return err
+	}
+	tokenRaw, err := l.derivedKey("quic token")
+	if err != nil {
+		return err
+	}
 	pc := l.cfg.PacketConn
 	if pc == nil {
 		addr := l.cfg.Listen
@@ -299,8 +319,8 @@ func (l *Listener) Run(ctx context.Context) error {
 		pc = udp
 	}
 	defer pc.Close()
-	resetKey := quic.StatelessResetKey(l.derivedKey("quic stateless reset"))
-	tokenKey := quic.TokenGeneratorKey(l.derivedKey("quic token"))
+	resetKey := quic.StatelessResetKey(resetRaw)
+	tokenKey := quic.TokenGeneratorKey(tokenRaw)
 	tr := &quic.Transport{
 		Conn:                pc,
 		StatelessResetKey:   &resetKey,
@@ -331,60 +351,85 @@ func (l *Listener) Run(ctx context.Context) error {
 	defer ln.Close()
 	l.addr = pc.LocalAddr()
 
-	var wg sync.WaitGroup
-	adminErr := make(chan error, 2)
+	g, gctx := errgroup.WithContext(ctx)
+	type server interface {
+		run() error
+		Close() error
+	}
+	var servers []server
 	if l.cfg.AdminSocket != "" || l.cfg.AdminListener != nil {
-		srv, err := l.serveAdmin(ctx)
+		srv, err := l.serveAdmin(gctx)
 		if err != nil {
 			return err
 		}
-		defer srv.Close()
-		go func() { adminErr <- srv.run() }()
+		servers = append(servers, srv)
 	}
 	if l.cfg.HTTPSListen != "" || l.cfg.HTTPSListener != nil {
-		srv, err := l.serveHTTPS(ctx)
+		srv, err := l.serveHTTPS(gctx)
 		if err != nil {
+			for _, s := range servers {
+				s.Close()
+			}
 			return err
 		}
-		defer srv.Close()
-		go func() { adminErr <- srv.run() }()
+		servers = append(servers, srv)
+	}
+	for _, srv := range servers {
+		g.Go(srv.run)
+		g.Go(func() error {
+			<-gctx.Done()
+			if err := srv.Close(); err != nil {
+				l.logger.Warn("close server", "err", err)
+			}
+			return nil
+		})
 	}
 	l.logger.Info("listening", "addr", l.addr.String(), "trustDomain", l.settings.TrustDomain, "caFingerprint", l.caFP)
 	if l.cfg.Ready != nil {
 		l.cfg.Ready(l.addr)
 	}
-	go l.limiters.sweep(ctx)
-	for {
-		conn, err := ln.Accept(ctx)
-		if err != nil {
-			wg.Wait()
-			if ctx.Err() != nil {
-				return nil
+	g.Go(func() error {
+		l.limiters.sweep(gctx)
+		return nil
+	})
+	g.Go(func() error {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		for {
+			conn, err := ln.Accept(gctx)
+			if err != nil {
+				if gctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("accept: %w", err)
 			}
-			select {
-			case err := <-adminErr:
-				return err
-			default:
-			}
-			return fmt.Errorf("accept: %w", err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l.serveConn(gctx, conn)
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l.serveConn(ctx, conn)
-		}()
-	}
+	})
+	return g.Wait()
 }
 
 // derivedKey derives a 32-byte transport key from the OPAQUE key file, so
-// that listeners sharing a key directory share reset and token keys.
-func (l *Listener) derivedKey(label string) [32]byte {
-	raw, _ := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+// that listeners sharing a key directory share reset and token keys. A
+// key file that cannot be read is an error: a key derived from nothing
+// would be the same public constant on every listener.
+func (l *Listener) derivedKey(label string) ([32]byte, error) {
+	var k [32]byte
+	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+	if err != nil {
+		return k, fmt.Errorf("derive %s key: %w", label, err)
+	}
+	if len(raw) == 0 {
+		return k, fmt.Errorf("derive %s key: %s is empty", label, filepath.Join(l.keys.Path, opaqueKeyFile))
+	}
 	m := hmac.New(sha256.New, raw)
 	m.Write([]byte(label))
-	var k [32]byte
 	copy(k[:], m.Sum(nil))
-	return k
+	return k, nil
 }
 
 // Application error codes on QUIC connections.

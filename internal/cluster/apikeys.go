@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/stratumjoin/stratum/internal/store"
 )
 
 // Grant allows one action on the resources a pattern names: an exact
@@ -64,22 +62,26 @@ const (
 // CreateAPIKey stores a new API key; ErrExists when its id is taken.
 func (c *Cluster) CreateAPIKey(ctx context.Context, k APIKey) (*APIKey, error) {
 	k.CreatedAt = c.now().UTC()
-	ev, evOp := c.newEvent(EventAPIKeyCreated, k.CreatedBy, map[string]any{"id": k.ID, "tenant": k.Tenant, "name": k.Name})
-	ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxAPIKey + k.ID}}, []store.Op{putJSON(pfxAPIKey+k.ID, k), evOp})
+	err := c.update(ctx, func(tx *txn) error {
+		if _, found, err := tx.getString(apiKeyKey(k.ID)); err != nil {
+			return err
+		} else if found {
+			return ErrExists
+		}
+		tx.put(apiKeyKey(k.ID), k)
+		tx.event(EventAPIKeyCreated, k.CreatedBy, map[string]any{"id": k.ID, "tenant": k.Tenant, "name": k.Name})
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store api key: %w", err)
 	}
-	if !ok {
-		return nil, ErrExists
-	}
-	c.logEvents(ev)
 	return &k, nil
 }
 
 // APIKey returns one API key record.
 func (c *Cluster) APIKey(ctx context.Context, id string) (*APIKey, error) {
 	var k APIKey
-	_, found, err := getJSON(ctx, c.store, pfxAPIKey+id, &k)
+	found, err := getJSON(ctx, c.store, apiKeyKey(id), &k)
 	if err != nil {
 		return nil, err
 	}
@@ -96,39 +98,50 @@ func (c *Cluster) APIKeys(ctx context.Context) ([]APIKey, error) {
 
 // RevokeAPIKey revokes a key at once; it reports whether this call did.
 func (c *Cluster) RevokeAPIKey(ctx context.Context, id, actor string) (*APIKey, bool, error) {
-	for range maxCASRounds {
-		var k APIKey
-		rev, found, err := getJSON(ctx, c.store, pfxAPIKey+id, &k)
+	var k APIKey
+	var did bool
+	err := c.update(ctx, func(tx *txn) error {
+		k, did = APIKey{}, false
+		found, err := tx.getJSON(apiKeyKey(id), &k)
 		if err != nil {
-			return nil, false, err
+			return err
 		}
 		if !found {
-			return nil, false, ErrNotFound
+			return ErrNotFound
 		}
 		if k.RevokedAt != nil {
-			return &k, false, nil
+			return nil
 		}
 		now := c.now().UTC()
 		k.RevokedAt, k.RevokedBy = &now, actor
-		ev, evOp := c.newEvent(EventAPIKeyRevoked, actor, map[string]any{"id": id, "tenant": k.Tenant})
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxAPIKey + id, Rev: rev}}, []store.Op{putJSON(pfxAPIKey+id, k), evOp})
-		if err != nil {
-			return nil, false, fmt.Errorf("revoke api key: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return &k, true, nil
-		}
+		tx.put(apiKeyKey(id), k)
+		tx.event(EventAPIKeyRevoked, actor, map[string]any{"id": id, "tenant": k.Tenant})
+		did = true
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("revoke api key: %w", err)
 	}
-	return nil, false, ErrConflict
+	return &k, did, nil
 }
 
-// IndexedSecrets lists up to limit secrets that the index keys under
-// prefix point at, in key order, starting after prefix+after ("" = from
-// the start). It also returns the id suffix of the last index key read, so
-// a caller filtering the page can go on from there. Index keys whose
-// secret is gone are skipped.
-func (c *Cluster) IndexedSecrets(ctx context.Context, prefix, after string, limit int) (secrets []Secret, last string, err error) {
+// TokensPage lists up to limit joinTokens of a pool in id order, after the
+// id `after` ("" = from the start). It also returns the id of the last
+// listing entry read, so a caller filtering the page can go on from there.
+func (c *Cluster) TokensPage(ctx context.Context, tenant, pool, after string, limit int) ([]Secret, string, error) {
+	return c.indexedSecrets(ctx, tokenIndexPrefix(tenant, pool), after, limit)
+}
+
+// KeysPage lists up to limit join keys of an organization in id order,
+// after the id `after`, as TokensPage does.
+func (c *Cluster) KeysPage(ctx context.Context, org, after string, limit int) ([]Secret, string, error) {
+	return c.indexedSecrets(ctx, keyIndexPrefix(org), after, limit)
+}
+
+// indexedSecrets lists up to limit secrets that the index keys under
+// prefix point at, in key order, starting after prefix+after. Index keys
+// whose secret is gone are skipped.
+func (c *Cluster) indexedSecrets(ctx context.Context, prefix, after string, limit int) (secrets []Secret, last string, err error) {
 	from := ""
 	if after != "" {
 		from = prefix + after

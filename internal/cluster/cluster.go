@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,9 +46,6 @@ func New(cfg Config) *Cluster {
 // Now is the cluster's clock.
 func (c *Cluster) Now() time.Time { return c.now() }
 
-// Store returns the underlying store.
-func (c *Cluster) Store() store.Store { return c.store }
-
 var (
 	// ErrNotFound means no such record.
 	ErrNotFound = errors.New("not found")
@@ -70,7 +66,7 @@ var (
 func (c *Cluster) newEvent(typ, actor string, fields map[string]any) (Event, store.Op) {
 	now := c.now().UTC()
 	ev := Event{Seq: c.seq.next(now), Type: typ, Time: now, Actor: actor, Fields: fields}
-	return ev, putJSON(pfxEvent+ev.Seq, ev)
+	return ev, putJSON(eventKey(ev.Seq), ev)
 }
 
 // logEvents logs events after their transaction committed.
@@ -94,27 +90,26 @@ type MintFunc func(locator string) (secret joincode.Secret, record []byte, err e
 
 // SecretSpec is what a mint stores beside the record.
 type SecretSpec struct {
-	Secret      Secret // ID, Kind and the policy fields; Locator, Record and counters are set by Mint
+	Secret      Secret // ID, Kind and the policy fields; Locator, Record, Index and counters are set by Mint
 	Mint        MintFunc
 	EventType   string
 	EventFields map[string]any
-	// UniqueName, when set, is reserved under name/<UniqueName> (join key names).
-	UniqueName string
-	// PerOrgLimit, when > 0, bounds how many secrets of this kind OrgKey may hold.
+	// PerOrgLimit, when > 0, bounds how many join keys the key's
+	// organization may hold.
 	PerOrgLimit int
-	OrgKey      string
 }
 
 // Mint stores a new secret. For codes it picks a selector no live code
 // holds; the record is minted for the chosen locator. For tokens and keys
-// the record is minted once for the secret's id and stored with a
-// create-if-absent transaction: ErrExists when the id is taken (an
-// idempotent retry), ErrNameTaken when UniqueName is, ErrQuotaExceeded when
-// OrgKey holds PerOrgLimit secrets already.
+// the record is minted once for the secret's id and stored only if the id
+// is free: ErrExists when the id is taken (an idempotent retry),
+// ErrNameTaken when a join key's name is taken in its organization,
+// ErrQuotaExceeded when the organization holds PerOrgLimit keys already.
 func (c *Cluster) Mint(ctx context.Context, spec SecretSpec) (*Secret, joincode.Secret, error) {
 	s := spec.Secret
 	now := c.now().UTC()
 	s.CreatedAt, s.ModifiedAt = now, now
+	s.Index = indexKeys(&s)
 	if s.Kind == KindCode {
 		return c.mintCode(ctx, spec, s)
 	}
@@ -123,115 +118,102 @@ func (c *Cluster) Mint(ctx context.Context, spec SecretSpec) (*Secret, joincode.
 		return nil, joincode.Secret{}, err
 	}
 	s.Locator, s.Record = sec.Locator, rec
-	for range maxCASRounds {
-		ev, evOp := c.newEvent(spec.EventType, s.CreatedBy, spec.EventFields)
-		cmps := []store.Cmp{{Key: pfxSecret + s.ID}, {Key: pfxLocator + s.Locator}}
-		ops := []store.Op{putJSON(pfxSecret+s.ID, s), putString(pfxLocator+s.Locator, s.ID), evOp}
-		if spec.UniqueName != "" {
-			cmps = append(cmps, store.Cmp{Key: "name/" + spec.UniqueName})
-			ops = append(ops, putString("name/"+spec.UniqueName, s.ID))
+	err = c.update(ctx, func(tx *txn) error {
+		if _, found, err := tx.getString(secretKey(s.ID)); err != nil {
+			return err
+		} else if found {
+			return ErrExists
 		}
-		for _, k := range s.Index {
-			cmps = append(cmps, store.Cmp{Key: k})
-			ops = append(ops, putString(k, s.ID))
+		if s.Key != nil {
+			name := keyNameKey(s.Key.OrgID, s.Key.Name)
+			if _, found, err := tx.getString(name); err != nil {
+				return err
+			} else if found {
+				return ErrNameTaken
+			}
+			tx.putString(name, s.ID)
 		}
-		var countRev int64
-		if spec.PerOrgLimit > 0 {
-			cnt, rev, err := getString(ctx, c.store, "count/"+spec.OrgKey)
+		for _, k := range append([]string{locatorKey(s.Locator)}, s.Index...) {
+			if _, found, err := tx.getString(k); err != nil {
+				return err
+			} else if found {
+				return ErrExists
+			}
+			tx.putString(k, s.ID)
+		}
+		if spec.PerOrgLimit > 0 && s.Key != nil {
+			key := keyCountKey(s.Key.OrgID)
+			n, err := tx.getCount(key)
 			if err != nil {
-				return nil, joincode.Secret{}, err
+				return err
 			}
-			var n int
-			fmt.Sscan(cnt, &n)
-			if n >= spec.PerOrgLimit {
-				return nil, joincode.Secret{}, ErrQuotaExceeded
+			if n >= uint64(spec.PerOrgLimit) {
+				return ErrQuotaExceeded
 			}
-			countRev = rev
-			cmps = append(cmps, store.Cmp{Key: "count/" + spec.OrgKey, Rev: rev})
-			ops = append(ops, putString("count/"+spec.OrgKey, fmt.Sprint(n+1)))
+			tx.putCount(key, n+1)
 		}
-		ok, err := c.store.Txn(ctx, cmps, ops)
-		if err != nil {
-			return nil, joincode.Secret{}, fmt.Errorf("store secret: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return &s, sec, nil
-		}
-		// Find which guard failed: only a moved counter is worth another round.
-		if err := c.mintGuardFailed(ctx, spec, s.ID, countRev); err != nil {
-			return nil, joincode.Secret{}, err
-		}
+		tx.put(secretKey(s.ID), s)
+		tx.event(spec.EventType, s.CreatedBy, spec.EventFields)
+		return nil
+	})
+	if err != nil {
+		return nil, joincode.Secret{}, fmt.Errorf("store secret: %w", err)
 	}
-	return nil, joincode.Secret{}, ErrConflict
+	return &s, sec, nil
 }
 
-// mintGuardFailed names the guard that made a mint transaction fail, or
-// returns nil when only the per-organization counter moved.
-func (c *Cluster) mintGuardFailed(ctx context.Context, spec SecretSpec, id string, countRev int64) error {
-	if _, rev, err := getString(ctx, c.store, pfxSecret+id); err != nil {
-		return err
-	} else if rev != 0 {
-		return ErrExists
-	}
-	if spec.UniqueName != "" {
-		if _, rev, err := getString(ctx, c.store, "name/"+spec.UniqueName); err != nil {
-			return err
-		} else if rev != 0 {
-			return ErrNameTaken
-		}
-	}
-	if spec.PerOrgLimit == 0 {
-		return ErrExists // the locator or an index key is taken
-	}
-	if _, rev, err := getString(ctx, c.store, "count/"+spec.OrgKey); err != nil {
-		return err
-	} else if rev == countRev {
-		return ErrExists
-	}
-	return nil
-}
+// errSelectorTaken makes mintCode try the next selector.
+var errSelectorTaken = errors.New("selector held by a live code")
 
 func (c *Cluster) mintCode(ctx context.Context, spec SecretSpec, s Secret) (*Secret, joincode.Secret, error) {
 	order := rand.Perm(joincode.Selectors)
 	for _, i := range order {
 		sel := joincode.SelectorAt(i)
-		lockey := pfxLocator + sel
-		holder, lrev, err := getString(ctx, c.store, lockey)
-		if err != nil {
-			return nil, joincode.Secret{}, err
-		}
-		cmps := []store.Cmp{{Key: lockey, Rev: lrev}, {Key: pfxSecret + s.ID}}
-		if lrev != 0 {
-			var old Secret
-			orev, found, err := getJSON(ctx, c.store, pfxSecret+holder, &old)
+		var sec joincode.Secret
+		err := c.update(ctx, func(tx *txn) error {
+			holder, held, err := tx.getString(locatorKey(sel))
 			if err != nil {
-				return nil, joincode.Secret{}, err
+				return err
 			}
-			if found && old.Live(c.now()) {
-				continue
+			if held {
+				var old Secret
+				found, err := tx.getJSON(secretKey(holder), &old)
+				if err != nil {
+					return err
+				}
+				if found && old.Live(c.now()) {
+					return errSelectorTaken
+				}
 			}
-			cmps = append(cmps, store.Cmp{Key: pfxSecret + holder, Rev: orev})
+			if _, found, err := tx.getString(secretKey(s.ID)); err != nil {
+				return err
+			} else if found {
+				return ErrExists
+			}
+			if sec.Locator == "" { // mint once per selector, not per round
+				var rec []byte
+				if sec, rec, err = spec.Mint(sel); err != nil {
+					return err
+				}
+				s.Locator, s.Record = sel, rec
+			}
+			fields := maps.Clone(spec.EventFields)
+			if fields == nil {
+				fields = map[string]any{}
+			}
+			fields["id"], fields["selector"] = s.ID, sel
+			tx.put(secretKey(s.ID), s)
+			tx.putString(locatorKey(sel), s.ID)
+			tx.event(spec.EventType, s.CreatedBy, fields)
+			return nil
+		})
+		if errors.Is(err, errSelectorTaken) {
+			continue
 		}
-		sec, rec, err := spec.Mint(sel)
-		if err != nil {
-			return nil, joincode.Secret{}, err
-		}
-		s.Locator, s.Record = sel, rec
-		fields := maps.Clone(spec.EventFields)
-		if fields == nil {
-			fields = map[string]any{}
-		}
-		fields["id"], fields["selector"] = s.ID, sel
-		ev, evOp := c.newEvent(spec.EventType, s.CreatedBy, fields)
-		ok, err := c.store.Txn(ctx, cmps, []store.Op{putJSON(pfxSecret+s.ID, s), putString(lockey, s.ID), evOp})
 		if err != nil {
 			return nil, joincode.Secret{}, fmt.Errorf("store code: %w", err)
 		}
-		if ok {
-			c.logEvents(ev)
-			return &s, sec, nil
-		}
+		return &s, sec, nil
 	}
 	return nil, joincode.Secret{}, ErrLimitExceeded
 }
@@ -239,7 +221,7 @@ func (c *Cluster) mintCode(ctx context.Context, spec SecretSpec, s Secret) (*Sec
 // Secret returns a secret by id.
 func (c *Cluster) Secret(ctx context.Context, id string) (*Secret, error) {
 	var s Secret
-	_, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
+	found, err := getJSON(ctx, c.store, secretKey(id), &s)
 	if err != nil {
 		return nil, err
 	}
@@ -249,24 +231,19 @@ func (c *Cluster) Secret(ctx context.Context, id string) (*Secret, error) {
 	return &s, nil
 }
 
-// SecretByLocator returns the secret a locator points at, or ErrNotFound.
-func (c *Cluster) SecretByLocator(ctx context.Context, locator string) (*Secret, int64, error) {
-	id, rev, err := getString(ctx, c.store, pfxLocator+locator)
-	if err != nil {
-		return nil, 0, err
-	}
-	if rev == 0 {
-		return nil, 0, ErrNotFound
+// secretByLocator reads the secret a locator points at in tx; nil when
+// none.
+func secretByLocator(tx *txn, locator string) (*Secret, error) {
+	id, found, err := tx.getString(locatorKey(locator))
+	if err != nil || !found {
+		return nil, err
 	}
 	var s Secret
-	srev, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
-	if err != nil {
-		return nil, 0, err
+	found, err = tx.getJSON(secretKey(id), &s)
+	if err != nil || !found {
+		return nil, err
 	}
-	if !found {
-		return nil, 0, ErrNotFound
-	}
-	return &s, srev, nil
+	return &s, nil
 }
 
 // Secrets lists secrets of a kind (all kinds when kind is ""), in id order.
@@ -284,41 +261,23 @@ func (c *Cluster) Secrets(ctx context.Context, kind string) ([]Secret, error) {
 	return out, nil
 }
 
-// SecretsPage lists secrets with ids starting with idPrefix after `after`.
-func (c *Cluster) SecretsPage(ctx context.Context, idPrefix, after string, limit int) ([]Secret, error) {
-	if after != "" {
-		after = pfxSecret + after
-	}
-	kvs, err := c.store.List(ctx, pfxSecret+idPrefix, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Secret, 0, len(kvs))
-	for _, kv := range kvs {
-		var s Secret
-		if err := unmarshal(kv.Value, &s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, nil
-}
-
 // RevokeSecret revokes a secret at once. It returns the record and whether
 // this call revoked it; revoking a revoked secret changes nothing and
 // publishes nothing.
 func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string, fields map[string]any) (*Secret, bool, error) {
-	for range maxCASRounds {
-		var s Secret
-		rev, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
+	var s Secret
+	var did bool
+	err := c.update(ctx, func(tx *txn) error {
+		s, did = Secret{}, false
+		found, err := tx.getJSON(secretKey(id), &s)
 		if err != nil {
-			return nil, false, err
+			return err
 		}
 		if !found {
-			return nil, false, ErrNotFound
+			return ErrNotFound
 		}
 		if s.RevokedAt != nil {
-			return &s, false, nil
+			return nil
 		}
 		now := c.now().UTC()
 		s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, actor, now
@@ -327,17 +286,15 @@ func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string,
 			f = map[string]any{}
 		}
 		f["id"] = id
-		ev, evOp := c.newEvent(eventType, actor, f)
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + id, Rev: rev}}, []store.Op{putJSON(pfxSecret+id, s), evOp})
-		if err != nil {
-			return nil, false, fmt.Errorf("revoke: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return &s, true, nil
-		}
+		tx.put(secretKey(id), s)
+		tx.event(eventType, actor, f)
+		did = true
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("revoke: %w", err)
 	}
-	return nil, false, ErrConflict
+	return &s, did, nil
 }
 
 // RevokedEvent is the event type that announces the revocation of a
@@ -377,56 +334,49 @@ func (c *Cluster) RevokeUnderOtherRoots(ctx context.Context, currentFP, actor st
 	return n, nil
 }
 
-// DeleteSecret removes a secret, its locator and its name reservation.
-func (c *Cluster) DeleteSecret(ctx context.Context, id, actor, eventType, orgKey string) error {
-	for range maxCASRounds {
+// DeleteSecret removes a secret, its locator, its listing keys and, for a
+// join key, its name reservation and its place in the organization's count.
+func (c *Cluster) DeleteSecret(ctx context.Context, id, actor, eventType string) error {
+	err := c.update(ctx, func(tx *txn) error {
 		var s Secret
-		rev, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
+		found, err := tx.getJSON(secretKey(id), &s)
 		if err != nil {
 			return err
 		}
 		if !found {
 			return ErrNotFound
 		}
-		ev, evOp := c.newEvent(eventType, actor, map[string]any{"id": id})
-		cmps := []store.Cmp{{Key: pfxSecret + id, Rev: rev}}
-		ops := []store.Op{{Key: pfxSecret + id, Delete: true}, {Key: pfxLocator + s.Locator, Delete: true}, evOp}
-		if s.Key != nil {
-			ops = append(ops, store.Op{Key: "name/" + s.Key.OrgID + "/" + s.Key.Name, Delete: true})
-		}
+		tx.del(secretKey(id))
+		tx.del(locatorKey(s.Locator))
 		for _, k := range s.Index {
-			ops = append(ops, store.Op{Key: k, Delete: true})
+			tx.del(k)
 		}
-		if orgKey != "" {
-			cnt, crev, err := getString(ctx, c.store, "count/"+orgKey)
+		if s.Key != nil {
+			tx.del(keyNameKey(s.Key.OrgID, s.Key.Name))
+			key := keyCountKey(s.Key.OrgID)
+			n, err := tx.getCount(key)
 			if err != nil {
 				return err
 			}
-			var n int
-			fmt.Sscan(cnt, &n)
 			if n > 0 {
 				n--
 			}
-			cmps = append(cmps, store.Cmp{Key: "count/" + orgKey, Rev: crev})
-			ops = append(ops, putString("count/"+orgKey, fmt.Sprint(n)))
+			tx.putCount(key, n)
 		}
-		ok, err := c.store.Txn(ctx, cmps, ops)
-		if err != nil {
-			return fmt.Errorf("delete: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return nil
-		}
+		tx.event(eventType, actor, map[string]any{"id": id})
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("delete: %w", err)
 	}
-	return ErrConflict
+	return nil
 }
 
 // Events lists events after seq (exclusive), oldest first.
 func (c *Cluster) Events(ctx context.Context, afterSeq string, limit int) ([]Event, error) {
 	after := ""
 	if afterSeq != "" {
-		after = pfxEvent + afterSeq
+		after = eventKey(afterSeq)
 	}
 	return listJSON[Event](ctx, c.store, pfxEvent, after, limit)
 }
@@ -439,7 +389,7 @@ func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) {
 // Node returns one node.
 func (c *Cluster) Node(ctx context.Context, id string) (*Node, error) {
 	var n Node
-	_, found, err := getJSON(ctx, c.store, pfxNode+id, &n)
+	found, err := getJSON(ctx, c.store, nodeKey(id), &n)
 	if err != nil {
 		return nil, err
 	}
@@ -452,41 +402,37 @@ func (c *Cluster) Node(ctx context.Context, id string) (*Node, error) {
 // RevokeNode revokes a node: its renewals are refused from now on, and
 // its identity no longer blocks a new join.
 func (c *Cluster) RevokeNode(ctx context.Context, id, actor string) (*Node, error) {
-	for range maxCASRounds {
-		var n Node
-		rev, found, err := getJSON(ctx, c.store, pfxNode+id, &n)
+	var n Node
+	err := c.update(ctx, func(tx *txn) error {
+		n = Node{}
+		found, err := tx.getJSON(nodeKey(id), &n)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !found {
-			return nil, ErrNotFound
+			return ErrNotFound
 		}
 		if n.State == nodeRevoked {
-			return &n, nil
+			return nil
 		}
 		now := c.now().UTC()
 		n.State, n.RevokedAt, n.RevokedBy = nodeRevoked, &now, actor
-		idKey := pfxIdentity + n.Pool + "/" + n.IdentityKey
-		holder, irev, err := getString(ctx, c.store, idKey)
+		idKey := identityKey(n.Pool, n.IdentityKey)
+		holder, _, err := tx.getString(idKey)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ev, evOp := c.newEvent(EventNodeRevoked, actor, map[string]any{"nodeId": id})
-		cmps := []store.Cmp{{Key: pfxNode + id, Rev: rev}, {Key: idKey, Rev: irev}}
-		ops := []store.Op{putJSON(pfxNode+id, n), evOp}
+		tx.put(nodeKey(id), n)
 		if holder == id && n.IdentityKey != "" {
-			ops = append(ops, store.Op{Key: idKey, Delete: true})
+			tx.del(idKey)
 		}
-		ok, err := c.store.Txn(ctx, cmps, ops)
-		if err != nil {
-			return nil, fmt.Errorf("revoke node: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return &n, nil
-		}
+		tx.event(EventNodeRevoked, actor, map[string]any{"nodeId": id})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("revoke node: %w", err)
 	}
-	return nil, ErrConflict
+	return &n, nil
 }
 
 // Joins lists joins, pending first then newest first.
@@ -507,7 +453,7 @@ func (c *Cluster) Joins(ctx context.Context) ([]Join, error) {
 // Join returns one join.
 func (c *Cluster) Join(ctx context.Context, id string) (*Join, error) {
 	var j Join
-	_, found, err := getJSON(ctx, c.store, pfxJoin+id, &j)
+	found, err := getJSON(ctx, c.store, joinKey(id), &j)
 	if err != nil {
 		return nil, err
 	}
@@ -526,20 +472,21 @@ var ErrSASMismatch = errors.New("the short authentication string does not match 
 // the join's SAS, or the approval is refused with ErrSASMismatch and the
 // join stays pending.
 func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool, sas string) (*Join, error) {
-	for range maxCASRounds {
-		var j Join
-		rev, found, err := getJSON(ctx, c.store, pfxJoin+id, &j)
+	var j Join
+	err := c.update(ctx, func(tx *txn) error {
+		j = Join{}
+		found, err := tx.getJSON(joinKey(id), &j)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !found {
-			return nil, ErrNotFound
+			return ErrNotFound
 		}
 		if j.State != joinPending {
-			return &j, fmt.Errorf("%w: join %s is %s", ErrInvalidState, id, j.State)
+			return fmt.Errorf("%w: join %s is %s", ErrInvalidState, id, j.State)
 		}
 		if approve && sas != "" && normalSAS(sas) != j.SAS {
-			return &j, ErrSASMismatch
+			return ErrSASMismatch
 		}
 		now := c.now().UTC()
 		j.DecidedAt, j.DecidedBy = &now, actor
@@ -548,25 +495,23 @@ func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool
 		if !approve {
 			j.State, typ = joinRefused, EventJoinRefusedAdmin
 		}
-		ev, evOp := c.newEvent(typ, actor, map[string]any{"joinId": id, "secretId": j.SecretID})
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxJoin + id, Rev: rev}}, []store.Op{putJSON(pfxJoin+id, j), evOp})
-		if err != nil {
-			return nil, fmt.Errorf("decide join: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return &j, nil
-		}
+		tx.put(joinKey(id), j)
+		tx.event(typ, actor, map[string]any{"joinId": id, "secretId": j.SecretID})
+		return nil
+	})
+	if errors.Is(err, ErrInvalidState) || errors.Is(err, ErrSASMismatch) {
+		return &j, err
 	}
-	return nil, ErrConflict
+	if err != nil {
+		return nil, fmt.Errorf("decide join: %w", err)
+	}
+	return &j, nil
 }
 
 // normalSAS drops the spaces and hyphens a person may type between digits.
 func normalSAS(s string) string {
 	return strings.NewReplacer(" ", "", "-", "").Replace(s)
 }
-
-func unmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // JoinState names, exported for the admin API.
 func JoinStates() []string { return []string{joinPending, joinApproved, joinRefused, joinCompleted} }
@@ -582,10 +527,46 @@ func (n *Node) Active() bool { return n.State == nodeActive }
 
 // Record appends a standalone event.
 func (c *Cluster) Record(ctx context.Context, typ, actor string, fields map[string]any) error {
-	ev, op := c.newEvent(typ, actor, fields)
-	if _, err := c.store.Txn(ctx, nil, []store.Op{op}); err != nil {
+	err := c.update(ctx, func(tx *txn) error {
+		tx.event(typ, actor, fields)
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("record event: %w", err)
 	}
-	c.logEvents(ev)
+	return nil
+}
+
+// SchemaVersion is the store layout this build reads and writes (the keys
+// in keys.go and the records in model.go). A store written by a newer
+// layout is refused, so listeners sharing one etcd survive a rolling
+// upgrade: the old ones stop rather than misread the new records.
+const SchemaVersion = 1
+
+// ErrSchema means the store was written by a newer layout.
+var ErrSchema = errors.New("store schema is newer than this listener")
+
+// CheckSchema records SchemaVersion in a store that holds none (a new
+// store, or one written before the version was recorded, whose layout is
+// version 1) and refuses a store of a newer version.
+func (c *Cluster) CheckSchema(ctx context.Context) error {
+	var stored uint64
+	err := c.update(ctx, func(tx *txn) error {
+		n, err := tx.getCount(keySchema)
+		if err != nil {
+			return err
+		}
+		stored = n
+		if n == 0 {
+			tx.putCount(keySchema, SchemaVersion)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store schema version: %w", err)
+	}
+	if stored > SchemaVersion {
+		return fmt.Errorf("%w: it holds schema version %d, this listener reads version %d; upgrade this listener", ErrSchema, stored, SchemaVersion)
+	}
 	return nil
 }

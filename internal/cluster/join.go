@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
 
@@ -39,51 +38,50 @@ var ErrBusy = errors.New("too many attempts in flight for this secret")
 // the right code learns why it is refused. An error means the count's
 // outcome is unknown: the caller must not answer.
 func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, error) {
-	for range maxCASRounds {
-		s, rev, err := c.SecretByLocator(ctx, locator)
-		if errors.Is(err, ErrNotFound) {
-			// read as much as the live path does, then write as it does
-			if _, err := c.store.Get(ctx, pfxSecret+"-"); err != nil {
-				return Attempt{}, err
-			}
-			return Attempt{}, c.standIn(ctx)
-		}
+	var att Attempt
+	err := c.update(ctx, func(tx *txn) error {
+		att = Attempt{}
+		s, err := secretByLocator(tx, locator)
 		if err != nil {
-			return Attempt{}, err
+			return err
 		}
 		now := c.now().UTC()
-		if !s.Live(now) {
-			return Attempt{Secret: s}, c.standIn(ctx)
+		if s == nil {
+			// read as much as the live path does, then write as it does
+			if _, err := tx.get(secretKey("-")); err != nil {
+				return err
+			}
+			c.standIn(tx, now)
+			return nil
 		}
-		var evs []Event
-		ops := []store.Op{}
-		counted := true
-		leaseID := ""
+		att.Secret = s
+		if !s.Live(now) {
+			c.standIn(tx, now)
+			return nil
+		}
 		s.liveLeases(now)
 		if s.Burns() && s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
-			return Attempt{Secret: s}, ErrBusy
+			return ErrBusy
 		}
 		if s.Burns() && s.Unproven+1 > MaxUnproven {
 			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
-			ev, evOp := c.newEvent(EventSecretBurned, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": s.Unproven})
-			evs, ops, counted = append(evs, ev), append(ops, evOp), false
+			tx.event(EventSecretBurned, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": s.Unproven})
 		} else {
 			s.Unproven++
-			leaseID = randomID("", 8)
-			s.Leases = append(s.Leases, Lease{ID: leaseID, Until: now.Add(LeaseTime)})
+			att.Counted, att.LeaseID = true, randomID("", 8)
+			s.Leases = append(s.Leases, Lease{ID: att.LeaseID, Until: now.Add(LeaseTime)})
 		}
-		ops = append(ops, putJSON(pfxSecret+s.ID, s))
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, ops)
-		if err != nil {
-			return Attempt{}, fmt.Errorf("count attempt: %w", err)
-		}
-		if ok {
-			c.logEvents(evs...)
-			return Attempt{Secret: s, Counted: counted, LeaseID: leaseID}, nil
-		}
+		tx.put(secretKey(s.ID), s)
+		return nil
+	})
+	if errors.Is(err, ErrBusy) {
+		return att, err
 	}
-	return Attempt{}, ErrConflict
+	if err != nil {
+		return Attempt{}, fmt.Errorf("count attempt: %w", err)
+	}
+	return att, nil
 }
 
 // Abandon ends a counted attempt that will never be proven (wrong code,
@@ -93,59 +91,39 @@ func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
 	if !att.Counted || att.LeaseID == "" {
 		return nil
 	}
-	for range maxCASRounds {
+	return c.update(ctx, func(tx *txn) error {
 		var s Secret
-		rev, found, err := getJSON(ctx, c.store, pfxSecret+att.Secret.ID, &s)
+		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
 		if err != nil || !found {
 			return err
 		}
 		before := len(s.Leases)
 		s.dropLease(att.LeaseID)
-		if len(s.Leases) == before {
-			return nil
+		if len(s.Leases) != before {
+			c.failedEvent(tx, &s)
+			tx.put(secretKey(s.ID), s)
 		}
-		ev, announce := c.failedEvent(&s)
-		ops := []store.Op{putJSON(pfxSecret+s.ID, s)}
-		if announce {
-			ops = append(ops, ev.op)
-		}
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxSecret + s.ID, Rev: rev}}, ops)
-		if err != nil {
-			return err
-		}
-		if ok {
-			if announce {
-				c.logEvents(ev.Event)
-			}
-			return nil
-		}
-	}
-	return ErrConflict
-}
-
-type pendingEvent struct {
-	Event
-	op store.Op
+		return nil
+	})
 }
 
 // failedEvent announces a token's or key's failed proofs when their count
 // reaches the next power of two (1, 2, 4, 8, ...): operators see every
 // storm, and a storm of n guesses writes log2(n) events, not n.
-func (c *Cluster) failedEvent(s *Secret) (pendingEvent, bool) {
+func (c *Cluster) failedEvent(tx *txn, s *Secret) {
 	if s.Burns() {
-		return pendingEvent{}, false
+		return
 	}
 	failed := s.Unproven - len(s.Leases)
 	if failed <= s.FailedReported || failed&(failed-1) != 0 {
-		return pendingEvent{}, false
+		return
 	}
 	s.FailedReported = failed
 	typ := EventTokenFailed
 	if s.Kind == KindKey {
 		typ = EventKeyFailed
 	}
-	ev, op := c.newEvent(typ, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": failed})
-	return pendingEvent{ev, op}, true
+	tx.event(typ, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": failed})
 }
 
 // standIn makes the paths that count nothing (an unknown locator, an
@@ -153,20 +131,9 @@ func (c *Cluster) failedEvent(s *Secret) (pendingEvent, bool) {
 // the same shape. Sleeping for an estimate could not reproduce the
 // distribution of fsync times; a real write does. The key records when
 // the last unmatched attempt happened, which operators can watch.
-func (c *Cluster) standIn(ctx context.Context) error {
-	ok, err := c.store.Txn(ctx, []store.Cmp{}, []store.Op{putString(keyUnmatched, c.now().UTC().Format(time.RFC3339Nano))})
-	if err != nil {
-		return fmt.Errorf("record unmatched attempt: %w", err)
-	}
-	if !ok {
-		return ErrConflict
-	}
-	return nil
+func (c *Cluster) standIn(tx *txn, now time.Time) {
+	tx.putString(keyUnmatched, now.Format(time.RFC3339Nano))
 }
-
-// keyUnmatched holds the time of the last attempt that matched no live
-// secret.
-const keyUnmatched = "stats/last-unmatched-attempt"
 
 // Issuer signs a node certificate for nodeID with role; it is called
 // inside the transaction loop and its output only leaves once the
@@ -216,49 +183,34 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 		return Outcome{}, errors.New("prove without a secret")
 	}
 	id := req.Attempt.Secret.ID
-	for range maxCASRounds {
+	var out Outcome
+	err := c.update(ctx, func(tx *txn) error {
 		var s Secret
-		rev, found, err := getJSON(ctx, c.store, pfxSecret+id, &s)
+		found, err := tx.getJSON(secretKey(id), &s)
 		if err != nil {
-			return Outcome{}, err
+			return err
 		}
 		if !found {
-			return refused(wire.CodeRevoked, "the join code was deleted"), nil
+			out = refused(wire.CodeRevoked, "the join code was deleted")
+			return nil
 		}
 		now := c.now().UTC()
-		tx := &txn{cmps: []store.Cmp{{Key: pfxSecret + id, Rev: rev}}}
 		if req.Attempt.Counted && s.Unproven > 0 {
 			s.Unproven--
 			s.dropLease(req.Attempt.LeaseID)
 		}
-		out, err := c.prove(ctx, tx, &s, req, now)
-		if err != nil {
-			return Outcome{}, err
+		if out, err = c.prove(tx, &s, req, now); err != nil {
+			return err
 		}
 		s.ModifiedAt = now
-		tx.ops = append(tx.ops, putJSON(pfxSecret+id, s))
-		ok, err := c.store.Txn(ctx, tx.cmps, tx.ops)
-		if err != nil {
-			return Outcome{}, fmt.Errorf("commit join: %w", err)
-		}
-		if ok {
-			c.logEvents(tx.events...)
-			out.Secret = &s
-			return out, nil
-		}
+		tx.put(secretKey(id), s)
+		out.Secret = &s
+		return nil
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("commit join: %w", err)
 	}
-	return Outcome{}, ErrConflict
-}
-
-type txn struct {
-	cmps   []store.Cmp
-	ops    []store.Op
-	events []Event
-}
-
-func (c *Cluster) event(tx *txn, typ, actor string, fields map[string]any) {
-	ev, op := c.newEvent(typ, actor, fields)
-	tx.events, tx.ops = append(tx.events, ev), append(tx.ops, op)
+	return out, nil
 }
 
 func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string]any) Outcome {
@@ -266,11 +218,11 @@ func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string
 		fields = map[string]any{}
 	}
 	fields["secretId"], fields["code"] = s.ID, code
-	c.event(tx, EventJoinRefused, SystemActor, fields)
+	tx.event(EventJoinRefused, SystemActor, fields)
 	return refused(code, msg)
 }
 
-func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveRequest, now time.Time) (Outcome, error) {
+func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Outcome, error) {
 	switch st := s.State(now); {
 	case st == stateRevoked && s.Burned():
 		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was burned after too many failed attempts; ask for a new one", nil), nil
@@ -287,7 +239,7 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 	// or key goes on joining through its root until that root is retired
 	// (it then is revoked, above), and its agent pins the current root.
 	if s.Burns() && s.CAFingerprint != req.CurrentCA {
-		return c.refuse(tx, s, wire.CodeStale, "the "+kindName(s.Kind)+" was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
 	}
 	if field := MismatchedField(s.Expect, req.Facts); field != "" {
 		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the "+kindName(s.Kind)+" is pinned to", map[string]any{"field": field}), nil
@@ -295,23 +247,21 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 
 	// A join this key already made with this secret is continued, never
 	// charged a second use.
-	jkKey := pfxJoinKey + s.ID + "/" + req.KeyFP
-	joinID, jkRev, err := getString(ctx, c.store, jkKey)
+	jkKey := joinIndexKey(s.ID, req.KeyFP)
+	joinID, joined, err := tx.getString(jkKey)
 	if err != nil {
 		return Outcome{}, err
 	}
-	tx.cmps = append(tx.cmps, store.Cmp{Key: jkKey, Rev: jkRev})
-	if jkRev != 0 {
+	if joined {
 		var j Join
-		jrev, found, err := getJSON(ctx, c.store, pfxJoin+joinID, &j)
+		found, err := tx.getJSON(joinKey(joinID), &j)
 		if err != nil {
 			return Outcome{}, err
 		}
 		if !found {
 			return Outcome{}, fmt.Errorf("join %s indexed but missing", joinID)
 		}
-		tx.cmps = append(tx.cmps, store.Cmp{Key: pfxJoin + joinID, Rev: jrev})
-		return c.resume(ctx, tx, s, &j, req, now)
+		return c.resume(tx, s, &j, req, now)
 	}
 
 	// Expiry ends new joins only: a join proven while the code was live
@@ -323,7 +273,7 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 	if s.usedUp() {
 		return c.refuse(tx, s, wire.CodeUsedUp, "the "+kindName(s.Kind)+" has no uses left; ask for a new one", nil), nil
 	}
-	j := &Join{ID: randomID("join-", 10), SecretID: s.ID, KeyFP: req.KeyFP, Facts: req.Facts, Pool: s.Pool, CreatedAt: now}
+	j := &Join{ID: randomID("join-", 10), SecretID: s.ID, KeyFP: req.KeyFP, Facts: factsFrom(req.Facts), Pool: s.Pool, CreatedAt: now}
 	if s.RequireApproval {
 		j.State = joinPending
 		if req.SAS != nil {
@@ -331,17 +281,18 @@ func (c *Cluster) prove(ctx context.Context, tx *txn, s *Secret, req ProveReques
 		}
 		s.Uses++
 		c.revokeIfUsedUp(tx, s, now)
-		tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j), putString(jkKey, j.ID))
-		c.event(tx, EventJoinPending, SystemActor, map[string]any{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
+		tx.put(joinKey(j.ID), j)
+		tx.putString(jkKey, j.ID)
+		tx.event(EventJoinPending, SystemActor, map[string]any{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
 	}
-	out, err := c.completeNode(ctx, tx, s, j, req, now)
+	out, err := c.completeNode(tx, s, j, req, now)
 	if err != nil || out.Status != wire.StatusJoined {
 		return out, err
 	}
 	s.Uses++
 	c.revokeIfUsedUp(tx, s, now)
-	tx.ops = append(tx.ops, putString(jkKey, j.ID))
+	tx.putString(jkKey, j.ID)
 	return out, nil
 }
 
@@ -353,7 +304,7 @@ func (c *Cluster) revokeIfUsedUp(tx *txn, s *Secret, now time.Time) {
 		return
 	}
 	s.RevokedAt, s.RevokedBy = &now, UsedUpBy
-	c.event(tx, EventCodeRevoked, UsedUpBy, map[string]any{"id": s.ID, "pool": s.Pool, "tenant": s.Tenant, "uses": s.Uses})
+	tx.event(EventCodeRevoked, UsedUpBy, map[string]any{"id": s.ID, "pool": s.Pool, "tenant": s.Tenant, "uses": s.Uses})
 }
 
 // kindName names a secret's kind in messages agents print.
@@ -367,7 +318,7 @@ func kindName(kind string) string {
 	return "join code"
 }
 
-func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
+func (c *Cluster) resume(tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
 	switch j.State {
 	case joinPending:
 		// The holder of the CSR's key came back on a new PAKE session
@@ -376,7 +327,7 @@ func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req P
 		if req.SAS != nil {
 			if sas := req.SAS(j.ID); sas != j.SAS {
 				j.SAS = sas
-				tx.ops = append(tx.ops, putJSON(pfxJoin+j.ID, j))
+				tx.put(joinKey(j.ID), j)
 			}
 		}
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
@@ -385,13 +336,13 @@ func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req P
 	case joinApproved:
 		// The node gets the facts the administrator approved, not what
 		// the reconnecting agent claims now.
-		req.Facts = j.Facts
-		return c.completeNode(ctx, tx, s, j, req, now)
+		req.Facts = j.Facts.Wire()
+		return c.completeNode(tx, s, j, req, now)
 	}
 	// completed: the Result was lost; hand out a fresh certificate for the
 	// same node if it still stands.
 	var n Node
-	nrev, found, err := getJSON(ctx, c.store, pfxNode+j.NodeID, &n)
+	found, err := tx.getJSON(nodeKey(j.NodeID), &n)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -402,28 +353,27 @@ func (c *Cluster) resume(ctx context.Context, tx *txn, s *Secret, j *Join, req P
 	if err != nil {
 		return Outcome{}, err
 	}
-	tx.cmps = append(tx.cmps, store.Cmp{Key: pfxNode + n.ID, Rev: nrev})
 	n.CertSerial, n.NotAfter = cert.Serial, cert.NotAfter
-	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n)))
+	tx.put(nodeKey(n.ID), n)
+	tx.putString(serialKey(cert.Serial), serialOwner(&n))
 	return Outcome{Status: wire.StatusJoined, Join: j, Node: &n, Cert: cert}, nil
 }
 
 // completeNode creates (or reclaims) the node for a join and issues its
 // certificate; the caller has charged the use.
-func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
-	identity := IdentityKey(req.Facts)
-	idKey := pfxIdentity + s.Pool + "/" + identity
+func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
+	ident := IdentityKey(req.Facts)
+	idKey := identityKey(s.Pool, ident)
 	var n *Node
 	reclaimed := false
-	if identity != "" {
-		holder, irev, err := getString(ctx, c.store, idKey)
+	if ident != "" {
+		holder, held, err := tx.getString(idKey)
 		if err != nil {
 			return Outcome{}, err
 		}
-		tx.cmps = append(tx.cmps, store.Cmp{Key: idKey, Rev: irev})
-		if irev != 0 {
+		if held {
 			var old Node
-			orev, found, err := getJSON(ctx, c.store, pfxNode+holder, &old)
+			found, err := tx.getJSON(nodeKey(holder), &old)
 			if err != nil {
 				return Outcome{}, err
 			}
@@ -431,7 +381,6 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 				if !s.AllowReclaim {
 					return c.refuse(tx, s, wire.CodeNodeExists, "a node with this machine's identity is already joined ("+old.ID+"); revoke it or use a code that allows reclaim", map[string]any{"nodeId": old.ID}), nil
 				}
-				tx.cmps = append(tx.cmps, store.Cmp{Key: pfxNode + old.ID, Rev: orev})
 				if old.CertSerial != "" {
 					old.RevokedSerials = append(old.RevokedSerials, old.CertSerial)
 				}
@@ -447,14 +396,14 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 		}
 		n = &Node{ID: id, State: nodeActive}
 	}
-	if identity != "" {
-		tx.ops = append(tx.ops, putString(idKey, n.ID))
+	if ident != "" {
+		tx.putString(idKey, n.ID)
 	}
-	n.Pool, n.Tenant, n.IdentityKey, n.Facts = s.Pool, s.Tenant, identity, req.Facts
+	n.Pool, n.Tenant, n.IdentityKey, n.Facts = s.Pool, s.Tenant, ident, factsFrom(req.Facts)
 	n.Role, n.Trust, n.SecretID, n.JoinID, n.KeyFP = s.Role, s.Trust, s.ID, j.ID, req.KeyFP
 	n.JoinedAt = now
 	if s.Key != nil {
-		host, err := c.assignHost(ctx, tx, s, n, req.Facts)
+		host, err := assignHost(tx, s, n, req.Facts)
 		if errors.Is(err, errNoAddresses) {
 			return c.refuse(tx, s, wire.CodeAddressExhausted, err.Error(), nil), nil
 		}
@@ -470,12 +419,14 @@ func (c *Cluster) completeNode(ctx context.Context, tx *txn, s *Secret, j *Join,
 	n.CertSerial, n.NotAfter = cert.Serial, cert.NotAfter
 	j.State, j.NodeID = joinCompleted, n.ID
 	s.Registrations++
-	tx.ops = append(tx.ops, putJSON(pfxNode+n.ID, n), putJSON(pfxJoin+j.ID, j), putString(pfxSerial+cert.Serial, serialOwner(n)))
+	tx.put(nodeKey(n.ID), n)
+	tx.put(joinKey(j.ID), j)
+	tx.putString(serialKey(cert.Serial), serialOwner(n))
 	fields := map[string]any{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
 	if reclaimed {
-		c.event(tx, EventNodeReclaimed, SystemActor, fields)
+		tx.event(EventNodeReclaimed, SystemActor, fields)
 	} else {
-		c.event(tx, EventNodeJoined, SystemActor, fields)
+		tx.event(EventNodeJoined, SystemActor, fields)
 	}
 	return Outcome{Status: wire.StatusJoined, Join: j, Node: n, Cert: cert}, nil
 }
@@ -488,11 +439,11 @@ var hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 // from each CIDR and a name. Addresses are counted per network in the
 // join's transaction (addr/<network>/<cidr>), so no two hosts of a network
 // get the same address, whichever keys they enrolled with.
-func (c *Cluster) assignHost(ctx context.Context, tx *txn, s *Secret, n *Node, f wire.Facts) (*wire.Host, error) {
+func assignHost(tx *txn, s *Secret, n *Node, f wire.Facts) (*Host, error) {
 	if n.Host != nil { // a reclaimed host keeps its addresses
 		return n.Host, nil
 	}
-	h := &wire.Host{NetworkID: s.Key.NetworkID, RoleID: s.Key.RoleID, Tags: s.Key.Tags}
+	h := &Host{NetworkID: s.Key.NetworkID, RoleID: s.Key.RoleID, Tags: s.Key.Tags}
 	name := strings.ToLower(strings.SplitN(f.Hostname, ".", 2)[0])
 	if hostnameRE.MatchString(name) && name != "localhost" {
 		h.Name = name
@@ -504,20 +455,17 @@ func (c *Cluster) assignHost(ctx context.Context, tx *txn, s *Secret, n *Node, f
 		if err != nil {
 			return nil, fmt.Errorf("bad cidr %q: %w", cidr, err)
 		}
-		key := pfxAddr + s.Key.NetworkID + "/" + cidr
-		used, rev, err := getString(ctx, c.store, key)
+		key := addrKey(s.Key.NetworkID, cidr)
+		last, err := tx.getCount(key)
 		if err != nil {
 			return nil, err
 		}
-		var last uint64
-		fmt.Sscan(used, &last)
 		next := last + 1 // skip the network address
 		addr, ok := nthAddr(p, next)
 		if !ok {
 			return nil, fmt.Errorf("%w in %s", errNoAddresses, cidr)
 		}
-		tx.cmps = append(tx.cmps, store.Cmp{Key: key, Rev: rev})
-		tx.ops = append(tx.ops, putString(key, fmt.Sprint(next)))
+		tx.putCount(key, next)
 		h.Addresses = append(h.Addresses, netip.PrefixFrom(addr, p.Bits()).String())
 	}
 	return h, nil
@@ -555,42 +503,47 @@ type RenewRequest struct {
 // Renew issues a node a new certificate, unless it was revoked or the
 // certificate it presented was revoked by a reclaim.
 func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) {
-	for range maxCASRounds {
+	var out Outcome
+	err := c.update(ctx, func(tx *txn) error {
 		var n Node
-		rev, found, err := getJSON(ctx, c.store, pfxNode+req.NodeID, &n)
+		found, err := tx.getJSON(nodeKey(req.NodeID), &n)
 		if err != nil {
-			return Outcome{}, err
+			return err
 		}
 		if !found {
-			return refused(wire.CodeNodeUnknown, "the listener does not know this node; join again with a new code"), nil
+			out = refused(wire.CodeNodeUnknown, "the listener does not know this node; join again with a new code")
+			return nil
 		}
 		if !n.Active() {
-			return refused(wire.CodeNodeRevoked, "this node was revoked; join again with a new code"), nil
+			out = refused(wire.CodeNodeRevoked, "this node was revoked; join again with a new code")
+			return nil
 		}
-		owner, _, err := getString(ctx, c.store, pfxSerial+req.Serial)
+		// the serial index is compared at commit too: a reclaim that
+		// moves it between this read and the write stops the renewal
+		owner, _, err := tx.getString(serialKey(req.Serial))
 		if err != nil {
-			return Outcome{}, err
+			return err
 		}
 		if owner != serialOwner(&n) || slicesContains(n.RevokedSerials, req.Serial) {
-			return refused(wire.CodeNodeRevoked, "this certificate was revoked when the machine was reclaimed; join again with a new code"), nil
+			out = refused(wire.CodeNodeRevoked, "this certificate was revoked when the machine was reclaimed; join again with a new code")
+			return nil
 		}
 		cert, err := req.Issue(n.ID, n.Role)
 		if err != nil {
-			return Outcome{}, err
+			return err
 		}
 		now := c.now().UTC()
 		n.CertSerial, n.NotAfter, n.RenewedAt, n.KeyFP = cert.Serial, cert.NotAfter, &now, req.KeyFP
-		ev, evOp := c.newEvent(EventNodeRenewed, SystemActor, map[string]any{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
-		ok, err := c.store.Txn(ctx, []store.Cmp{{Key: pfxNode + n.ID, Rev: rev}}, []store.Op{putJSON(pfxNode+n.ID, n), putString(pfxSerial+cert.Serial, serialOwner(&n)), evOp})
-		if err != nil {
-			return Outcome{}, fmt.Errorf("commit renewal: %w", err)
-		}
-		if ok {
-			c.logEvents(ev)
-			return Outcome{Status: wire.StatusJoined, Node: &n, Cert: cert}, nil
-		}
+		tx.put(nodeKey(n.ID), n)
+		tx.putString(serialKey(cert.Serial), serialOwner(&n))
+		tx.event(EventNodeRenewed, SystemActor, map[string]any{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
+		out = Outcome{Status: wire.StatusJoined, Node: &n, Cert: cert}
+		return nil
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("commit renewal: %w", err)
 	}
-	return Outcome{}, ErrConflict
+	return out, nil
 }
 
 // serialOwner is what the serial index records for a certificate issued

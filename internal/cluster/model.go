@@ -207,7 +207,7 @@ type Node struct {
 	Pool        string     `json:"pool"`
 	Tenant      string     `json:"tenant"`
 	IdentityKey string     `json:"identityKey"`
-	Facts       wire.Facts `json:"facts"`
+	Facts       Facts      `json:"facts"`
 	Role        string     `json:"role"`
 	Trust       string     `json:"trust"`
 	SecretID    string     `json:"secretId"`
@@ -225,8 +225,8 @@ type Node struct {
 	RevokedSerials []string `json:"revokedSerials,omitempty"`
 	// Generation counts the reclaims of this node id; certificates issued
 	// in an earlier generation no longer renew (see serialOwner).
-	Generation int        `json:"generation,omitempty"`
-	Host       *wire.Host `json:"host,omitempty"`
+	Generation int   `json:"generation,omitempty"`
+	Host       *Host `json:"host,omitempty"`
 }
 
 // Join is one proven join of a key with a secret: pending approval,
@@ -235,7 +235,7 @@ type Join struct {
 	ID        string     `json:"id"`
 	SecretID  string     `json:"secretId"`
 	KeyFP     string     `json:"keyFingerprint"`
-	Facts     wire.Facts `json:"facts"`
+	Facts     Facts      `json:"facts"`
 	State     string     `json:"state"`
 	NodeID    string     `json:"nodeId,omitempty"`
 	Pool      string     `json:"pool"`
@@ -246,6 +246,48 @@ type Join struct {
 	// made (or last resumed) this join: six digits the agent prints and
 	// an approver compares at the machine. It is no secret.
 	SAS string `json:"sas,omitempty"`
+}
+
+// Facts are what a machine claimed at join, as stored: the store's own
+// type, so a change to the wire protocol never silently changes the
+// records listeners of two versions share.
+type Facts struct {
+	ProductUUID string   `json:"productUuid,omitempty"`
+	Serial      string   `json:"serial,omitempty"`
+	BoardSerial string   `json:"boardSerial,omitempty"`
+	Vendor      string   `json:"vendor,omitempty"`
+	ProductName string   `json:"productName,omitempty"`
+	MACs        []string `json:"macs,omitempty"`
+	GPUUUIDs    []string `json:"gpuUuids,omitempty"`
+	Hostname    string   `json:"hostname,omitempty"`
+}
+
+func factsFrom(f wire.Facts) Facts {
+	return Facts{ProductUUID: f.ProductUUID, Serial: f.Serial, BoardSerial: f.BoardSerial, Vendor: f.Vendor,
+		ProductName: f.ProductName, MACs: f.MACs, GPUUUIDs: f.GPUUUIDs, Hostname: f.Hostname}
+}
+
+// Wire is f as the protocol carries it.
+func (f Facts) Wire() wire.Facts {
+	return wire.Facts{ProductUUID: f.ProductUUID, Serial: f.Serial, BoardSerial: f.BoardSerial, Vendor: f.Vendor,
+		ProductName: f.ProductName, MACs: f.MACs, GPUUUIDs: f.GPUUUIDs, Hostname: f.Hostname}
+}
+
+// Host is what a join key assigned a node, as stored.
+type Host struct {
+	Name      string   `json:"name"`
+	NetworkID string   `json:"networkID"`
+	RoleID    string   `json:"roleID,omitempty"`
+	Tags      []string `json:"tags,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+}
+
+// Wire is h as a Result carries it; nil for no host.
+func (h *Host) Wire() *wire.Host {
+	if h == nil {
+		return nil
+	}
+	return &wire.Host{Name: h.Name, NetworkID: h.NetworkID, RoleID: h.RoleID, Tags: h.Tags, Addresses: h.Addresses}
 }
 
 // Event is one durable, ordered record of something that happened.

@@ -87,7 +87,7 @@ func TestNoSecretLeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	evJSON, _ := json.Marshal(evs)
-	kvs, err := e.l.Cluster().Store().List(ctx, "", "", 0)
+	kvs, err := e.l.Store().List(ctx, "", "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,13 +73,12 @@ type CreateJoinKeyRequest struct {
 
 // Seed 003's bounds, and ours where it sets none (tags).
 const (
-	MaxKeyNameLen     = 54
-	MaxKeyCIDRs       = 2
-	MaxKeyTags        = 64
-	MaxKeyTagLen      = 128
-	DefaultKeysPage   = 25
-	MaxKeysPage       = 500
-	keyOrgIndexPrefix = "joinkeys/"
+	MaxKeyNameLen   = 54
+	MaxKeyCIDRs     = 2
+	MaxKeyTags      = 64
+	MaxKeyTagLen    = 128
+	DefaultKeysPage = 25
+	MaxKeysPage     = 500
 )
 
 var keyNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
@@ -176,8 +175,6 @@ func printable(s string) bool {
 	return true
 }
 
-func keyIndex(org string) string { return keyOrgIndexPrefix + org + "/" }
-
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p Principal) error {
 	org, err := s.organization(p)
 	if err != nil {
@@ -199,13 +196,13 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p Principal) 
 		ID: id, Kind: cluster.KindKey, Tenant: org.ID, Pool: "network/" + c.network.ID,
 		// a tenant's key enrolls the tenant's machines: never platform trust
 		Role: cluster.RoleNodeTenant, Trust: cluster.TrustTenantOwned,
-		CreatedBy: p.Name, ExpiresAt: c.expiresAt, Index: []string{keyIndex(org.ID) + id},
+		CreatedBy: p.Name, ExpiresAt: c.expiresAt,
 		Key: &cluster.KeyAttrs{Name: req.Name, OrgID: org.ID, NetworkID: c.network.ID, RoleID: c.roleID, Tags: c.tags, CIDRs: c.cidrs},
 	}
 	spec := cluster.SecretSpec{
 		Secret: sec, EventType: cluster.EventKeyCreated,
 		EventFields: map[string]any{"id": id, "organizationID": org.ID, "name": req.Name, "networkID": c.network.ID},
-		UniqueName:  org.ID + "/" + req.Name, PerOrgLimit: org.Limits.JoinKeys, OrgKey: keyOrgIndexPrefix + org.ID,
+		PerOrgLimit: org.Limits.JoinKeys,
 	}
 	stored, token, err := s.core.Mint(r.Context(), spec)
 	switch {
@@ -263,7 +260,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p Principal) e
 	if len(errs) > 0 {
 		return &apiError{kind: kindInvalid, msg: "invalid query parameters", fields: errs, param: "query"}
 	}
-	secrets, _, err := s.core.Cluster().IndexedSecrets(r.Context(), keyIndex(org.ID), cursor, size+1)
+	secrets, _, err := s.core.Cluster().KeysPage(r.Context(), org.ID, cursor, size+1)
 	if err != nil {
 		return errInternal(err)
 	}
@@ -308,11 +305,11 @@ func (s *Server) getKey(w http.ResponseWriter, r *http.Request, p Principal) err
 }
 
 func (s *Server) deleteKey(w http.ResponseWriter, r *http.Request, p Principal) error {
-	sec, org, err := s.keyFor(r, p)
+	sec, _, err := s.keyFor(r, p)
 	if err != nil {
 		return err
 	}
-	err = s.core.Cluster().DeleteSecret(r.Context(), sec.ID, p.Name, cluster.EventKeyDeleted, keyOrgIndexPrefix+org.ID)
+	err = s.core.Cluster().DeleteSecret(r.Context(), sec.ID, p.Name, cluster.EventKeyDeleted)
 	if errors.Is(err, cluster.ErrNotFound) {
 		return errNotFound("join key")
 	}

@@ -170,9 +170,6 @@ func tokenID(tenant, caller, idempotencyKey string) string {
 	return "jt_" + joincode.LowerBase32(h.Sum(nil))
 }
 
-// tokenIndex is the index key prefix that lists a pool's tokens in id order.
-func tokenIndex(tenant, pool string) string { return "tokens/" + tenant + "/" + pool + "/" }
-
 func (s *Server) actForTenant(p Principal, tenant string) error {
 	if !p.actsFor(tenant) {
 		return errForbidden("this api key acts for tenant " + p.Tenant + " only")
@@ -222,7 +219,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request, p Principal
 	sec := cluster.Secret{
 		ID: id, Kind: cluster.KindToken, Tenant: req.TenantID, Pool: req.PoolID, Role: role, Trust: trust,
 		Hosted: hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, MaxUses: *req.MaxUses,
-		CreatedBy: p.Name, ExpiresAt: &exp, Index: []string{tokenIndex(req.TenantID, req.PoolID) + id},
+		CreatedBy: p.Name, ExpiresAt: &exp,
 	}
 	fields := map[string]any{
 		"id": id, "tenantId": req.TenantID, "poolId": req.PoolID, "pinned": !req.Expect.Empty(),
@@ -293,11 +290,10 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request, p Principal)
 	}
 	limit := *req.Limit
 	now := s.core.Cluster().Now()
-	prefix := tokenIndex(req.TenantID, req.PoolID)
 	items := make([]JoinToken, 0, limit)
 	after := req.Cursor
 	for len(items) <= limit {
-		secrets, last, err := s.core.Cluster().IndexedSecrets(r.Context(), prefix, after, limit+1)
+		secrets, last, err := s.core.Cluster().TokensPage(r.Context(), req.TenantID, req.PoolID, after, limit+1)
 		if err != nil {
 			return errInternal(err)
 		}
