@@ -125,8 +125,8 @@ func TestJoinPinnedToMAC(t *testing.T) {
 	refusal := false
 	for line := range strings.Lines(ev.stdout) {
 		var e struct {
-			Type   string            `json:"type"`
-			Fields map[string]string `json:"fields"`
+			Type   string         `json:"type"`
+			Fields map[string]any `json:"fields"`
 		}
 		if err := json.Unmarshal([]byte(line), &e); err != nil {
 			t.Fatalf("events --json line %q: %v", line, err)
