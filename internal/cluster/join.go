@@ -69,6 +69,11 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 			tx.event(EventSecretBurned, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": s.Unproven})
 		} else {
 			s.Unproven++
+			if !s.Burns() && len(s.Leases) >= maxTrackedLeases {
+				// a token or key under a storm: nothing waits on its
+				// leases, so keep the record small
+				s.Leases = s.Leases[1:]
+			}
 			att.Counted, att.LeaseID = true, randomID("", 8)
 			s.Leases = append(s.Leases, Lease{ID: att.LeaseID, Until: now.Add(LeaseTime)})
 		}
@@ -106,6 +111,10 @@ func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
 		return nil
 	})
 }
+
+// maxTrackedLeases bounds the in-flight attempts a token or key record
+// keeps; codes are bounded by MaxUnproven already.
+const maxTrackedLeases = 64
 
 // failedEvent announces a token's or key's failed proofs when their count
 // reaches the next power of two (1, 2, 4, 8, ...): operators see every
