@@ -41,6 +41,19 @@ func TestStrictMembers(t *testing.T) {
 			})
 		}
 	}
+	// the bodies verbatim: joinTokens has poolId, so only extra is unknown
+	// there; the other two families have no poolId member at all
+	for _, f := range facades {
+		for _, c := range []struct{ body, field string }{
+			{`{"poolId":"a","poolId":"b"}`, "poolId"},
+			{`{"POOLID":"a"}`, "POOLID"},
+			{`{"poolId":"a","extra":1}`, map[bool]string{true: "extra", false: "poolId"}[f.member == "poolId"]},
+		} {
+			t.Run(f.name+"/verbatim "+c.body, func(t *testing.T) {
+				f.check(t, e.do(f.caller, "POST", f.path, c.body), want{400, f.code, c.field})
+			})
+		}
+	}
 	// nothing was minted by any of them
 	for _, typ := range []string{"security.join-token.created", "security.join-key.created", "security.join-code.created"} {
 		if evs := e.events(typ); len(evs) != 0 {
