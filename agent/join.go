@@ -24,6 +24,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/tpm"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
@@ -50,6 +51,12 @@ type JoinConfig struct {
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// TPM locates the TPM that holds the node key (a device path, or
+	// "sim:HOST:PORT"); "" keeps the key in a file (docs/tpm.md).
+	TPM string
+
+	attestation *tpm.Attestation // the TPM's claim, sent with the Proof
+	csr         []byte           // made before the attestation
 }
 
 // Errors a join can end with. RefusedError carries the listener's reason.
@@ -115,9 +122,23 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	} else if n >= MaxPAKEFailures {
 		return nil, ErrGaveUp
 	}
-	key, err := st.Key()
+	key, tp, err := st.nodeKey(cfg.TPM)
 	if err != nil {
 		return nil, err
+	}
+	if tp != nil {
+		defer tp.Close()
+		// the CSR first: the attestation then holds TPM slots until the
+		// answer
+		if cfg.csr, err = CSR(key); err != nil {
+			return nil, err
+		}
+		att, err := tp.Attest(key.(*tpm.Key).Blobs())
+		if err != nil {
+			return nil, err
+		}
+		defer att.Close()
+		cfg.attestation = att
 	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	conn, err := cfg.Dial(dctx, cfg.Endpoint, &tls.Config{
@@ -225,20 +246,23 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotAuthentic, err)
 	}
-	csr, err := CSR(key)
-	if err != nil {
-		return nil, err
+	csr := cfg.csr
+	if csr == nil {
+		if csr, err = CSR(key); err != nil {
+			return nil, err
+		}
 	}
-	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}); err != nil {
+	proof := &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}
+	if cfg.attestation != nil {
+		proof.TPM = claimOf(cfg.attestation.Claim)
+	}
+	if err := wire.Write(str, proof); err != nil {
 		return nil, &UnreachableError{err}
 	}
-	for {
+	for att := cfg.attestation; ; att = nil {
 		var res wire.Result
-		if err := wire.Read(str, &res); err != nil {
-			if errors.Is(err, wire.ErrFrame) {
-				return nil, fmt.Errorf("listener sent a malformed result: %w", err)
-			}
-			return nil, &UnreachableError{err}
+		if err := readResult(str, att, &res); err != nil {
+			return nil, err
 		}
 		switch res.Status {
 		case wire.StatusPending:
@@ -307,7 +331,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 	id := Identity{
 		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
-		JoinedAt: now, Host: res.Host,
+		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
 	}
 	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id); err != nil {
 		return nil, err

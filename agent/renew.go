@@ -23,6 +23,9 @@ type RenewConfig struct {
 	// accepts and then hangs cannot stall the service loop.
 	DialTimeout time.Duration
 	Timeout     time.Duration
+	// TPM locates the TPM that holds the node key when it is not where
+	// the node joined with (node.json's tpm).
+	TPM string
 }
 
 // Renew exchanges the node's current certificate (even one that expired
@@ -46,9 +49,17 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 	if !ok {
 		return id, &localError{errors.New("not joined")}
 	}
-	key, err := st.Key()
+	locator := cfg.TPM
+	if locator == "" {
+		locator = id.TPM
+	}
+	key, tp, err := st.nodeKey(locator)
 	if err != nil {
 		return id, &localError{err}
+	}
+	if tp != nil {
+		defer tp.Close()
+		id.TPM = locator
 	}
 	chain, err := st.Chain()
 	if err != nil {

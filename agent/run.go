@@ -54,7 +54,9 @@ type RunConfig struct {
 	RenewConfig func(*RenewConfig)
 	// OnRetry, when set, is told of each wait before a join or renewal is
 	// tried again: attempt counts from 0, err is what failed.
-	OnRetry func(attempt int, wait time.Duration, err error)
+	OnRetry func(attempt int, wait time.Duration, err error) // TPM locates the TPM to keep the node key in (docs/tpm.md); "" for
+	// a key file. A node that joined with a TPM renews with it.
+	TPM string
 }
 
 // ErrNeedsNewCode is returned when the listener refuses to renew the
@@ -227,7 +229,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			}
 		}
 		jc := JoinConfig{
-			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts,
+			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts, TPM: cfg.TPM,
 			Logger: cfg.Logger, Now: cfg.Clock.Now,
 			OnPending: func(p Pending) { cfg.status(pendingStatus(p)) },
 		}
@@ -265,7 +267,7 @@ func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause e
 func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 	st := State{Dir: cfg.StateDir}
 	for attempt := 0; ; attempt++ {
-		rc := RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now}
+		rc := RenewConfig{StateDir: cfg.StateDir, Now: cfg.Clock.Now, TPM: cfg.TPM}
 		if cfg.RenewConfig != nil {
 			cfg.RenewConfig(&rc)
 		}

@@ -79,6 +79,8 @@ type Identity struct {
 	LastRenewal *time.Time `json:"lastRenewal"`
 	LastError   string     `json:"lastError"`
 	Host        *wire.Host `json:"host,omitempty"`
+	// TPM locates the TPM that holds the node key; "" for a key file.
+	TPM string `json:"tpm,omitempty"`
 }
 
 // State is the agent's state directory (0700).

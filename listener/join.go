@@ -119,16 +119,23 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	req := cluster.ProveRequest{
-		Attempt:   att,
-		Facts:     proof.Facts,
-		KeyFP:     hex.EncodeToString(keyFP[:]),
-		CurrentCA: currentFP,
-		NewNodeID: pki.NodeID,
-		Issue:     l.issuer(proof.CSR),
+		Attempt:    att,
+		Facts:      proof.Facts,
+		KeyFP:      hex.EncodeToString(keyFP[:]),
+		CurrentCA:  currentFP,
+		NewNodeID:  pki.NodeID,
+		Issue:      l.issuer(proof.CSR),
+		RequireTPM: l.poolRequiresTPM(att.Secret.Pool),
 		SAS: func(joinID string) string {
 			sas, _ := login.SAS(joinID) // KE3 verified above
 			return sas
 		},
+	}
+	if proof.TPM != nil {
+		if req.TPM, req.TPMRefusal, err = l.attest(str, proof.TPM, csr.PublicKey); err != nil {
+			l.abandon(att)
+			return errCodeProtocol, fmt.Errorf("tpm attestation: %w", err)
+		}
 	}
 	deadline := time.Now().Add(approvalMaxAge)
 	// While pending, stop polling as soon as the agent is gone: it comes

@@ -24,6 +24,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/tpm"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/registry"
@@ -67,6 +68,10 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// TPMRoots are the TPM manufacturer certificates EK certificates must
+	// chain to (serve --tpm-ca-dir); without them an attested EK is an
+	// identity to pin, not proof of a genuine TPM (docs/tpm.md).
+	TPMRoots []*x509.Certificate
 }
 
 // Hooks are test observation points; all optional.
@@ -102,6 +107,7 @@ type Listener struct {
 	roots    []*x509.Certificate
 	chainsFP map[string][][]byte // CA fingerprint -> caChain DER
 
+	tpm        *tpm.Verifier
 	limiters   sourceLimiters
 	leaseQueue leaseQueue
 	active     atomic.Int64 // connections being served
@@ -136,7 +142,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}}
+	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
 	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
 	if err != nil {

@@ -29,6 +29,10 @@ type rawJoin struct {
 	Facts wire.Facts
 	// StopAfterChallenge sends nothing after reading the Challenge.
 	StopAfterChallenge bool
+	// TPM is sent in the Proof; OnTPM answers the listener's TPM
+	// challenge (nil: send nothing more).
+	TPM   *wire.TPMClaim
+	OnTPM func(*wire.TPMChallenge) *wire.TPMAnswer
 }
 
 type rawOutcome struct {
@@ -95,12 +99,30 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		csr, _ = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	}
-	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: r.Facts}); err != nil {
+	if err := wire.Write(str, &wire.Proof{KE3: ke3, CSR: csr, Facts: r.Facts, TPM: r.TPM}); err != nil {
 		return out, err
 	}
 	for {
 		var res wire.Result
-		if err := wire.Read(str, &res); err != nil {
+		typ, body, err := wire.ReadFrame(str)
+		if err != nil {
+			return out, err
+		}
+		if typ == wire.TypeTPMChallenge && r.OnTPM != nil {
+			var ch wire.TPMChallenge
+			if err := wire.Decode(typ, body, &ch); err != nil {
+				return out, err
+			}
+			ans := r.OnTPM(&ch)
+			if ans == nil {
+				return out, nil
+			}
+			if err := wire.Write(str, ans); err != nil {
+				return out, err
+			}
+			continue
+		}
+		if err := wire.Decode(typ, body, &res); err != nil {
 			return out, err
 		}
 		out.Results = append(out.Results, res)

@@ -62,7 +62,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand())
 	return root
 }
 
@@ -142,6 +142,7 @@ func joinCommand() *cobra.Command {
 	var cfg agent.JoinConfig
 	var code, codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
@@ -165,6 +166,9 @@ func joinCommand() *cobra.Command {
 				return err
 			}
 			cfg.Secret, cfg.Facts = sec, rep.Facts
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
+			}
 			cfg.OnPending = func(p agent.Pending) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "join %s waits for approval; its SAS is %s\n(the approver checks that `stratum-listener joins list` shows the same digits, then runs: stratum-listener joins approve %s --sas %s)\n", p.JoinID, p.SAS, p.JoinID, p.SAS)
 			}
@@ -186,6 +190,7 @@ func joinCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }
 
@@ -328,6 +333,11 @@ func statusCommand() *cobra.Command {
 			if id.LastError != "" {
 				lastErr = id.LastError
 			}
+			key := "file " + agent.KeyFile
+			if id.TPM != "" {
+				key = "in the TPM " + id.TPM
+			}
+			fmt.Fprintf(w, "node key     %s\n", key)
 			fmt.Fprintf(w, "last renewal %s\nlast error   %s\n", renewal, lastErr)
 			return nil
 		},
@@ -346,6 +356,7 @@ func runCommand() *cobra.Command {
 	var cfg agent.RunConfig
 	var codeFile string
 	var hw hwidFlags
+	var tf tpmFlags
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
@@ -370,6 +381,10 @@ func runCommand() *cobra.Command {
 			if cfg.Endpoint == "" {
 				return usage("--endpoint (or STRATUM_ENDPOINT) is required until the node has joined")
 			}
+			var err error
+			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
+				return err
+			}
 			cfg.Secret = func() (joincode.Secret, error) { return readSecret(cmd, "", codeFile) }
 			cfg.Facts = func(ctx context.Context) (wire.Facts, error) {
 				rep, err := hw.collect(ctx, cfg.Logger)
@@ -380,7 +395,7 @@ func runCommand() *cobra.Command {
 			if iv, err := systemd.WatchdogInterval(); err == nil && iv > 0 {
 				go n.RunWatchdog(cmd.Context(), iv)
 			}
-			err := agent.Run(cmd.Context(), cfg)
+			err = agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
 				return explain(err)
@@ -394,5 +409,6 @@ func runCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	hw.register(cmd)
+	tf.register(cmd)
 	return cmd
 }

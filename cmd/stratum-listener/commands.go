@@ -17,6 +17,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/pake"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
 	_ "github.com/stratumjoin/stratum/internal/store/etcdstore" // etcd:// store
+	"github.com/stratumjoin/stratum/internal/tpm"
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
@@ -110,7 +111,7 @@ func initCommand() *cobra.Command {
 
 func serveCommand() *cobra.Command {
 	var cfg listener.Config
-	var logLevel, registryFile string
+	var logLevel, registryFile, tpmCADir string
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR",
 		Short: "serve joins, renewals and the admin socket",
@@ -131,6 +132,20 @@ func serveCommand() *cobra.Command {
 				}
 				cfg.Registry = reg
 				cfg.Logger.Info("registry loaded", "file", registryFile, "contents", reg.Summary())
+			}
+			if tpmCADir != "" {
+				roots, err := tpm.LoadCADir(tpmCADir)
+				if err != nil {
+					return err
+				}
+				cfg.TPMRoots = roots
+				cfg.Logger.Info("TPM manufacturer certificates loaded", "dir", tpmCADir, "certificates", len(roots))
+			} else if cfg.Registry != nil {
+				for _, p := range cfg.Registry.Pools {
+					if p.Policy.RequireTPM {
+						cfg.Logger.Warn("pool requires TPM attestation, but without --tpm-ca-dir an EK is not checked against a manufacturer: any key that answers the credential passes", "pool", p.ID)
+					}
+				}
 			}
 			act, err := systemd.Activation()
 			if err != nil {
@@ -170,6 +185,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
+	cmd.Flags().StringVar(&tpmCADir, "tpm-ca-dir", "", "TPM manufacturer root and intermediate certificates (PEM or DER files); with it, a TPM attestation passes only with an EK certificate that chains to them")
 	return cmd
 }
 
@@ -217,6 +233,7 @@ func codesCommand() *cobra.Command {
 	create.Flags().StringVar(&expect.Serial, "expect-serial", "", "pin to this system serial")
 	create.Flags().StringVar(&expect.MAC, "expect-mac", "", "pin to a machine with this NIC MAC")
 	create.Flags().StringVar(&expect.GPUUUID, "expect-gpu-uuid", "", "pin to a machine with this NVIDIA GPU UUID")
+	create.Flags().StringVar(&expect.EKHash, "expect-ek", "", "pin to the TPM with this endorsement key SHA-256 (stratum-agent tpm ek prints it); attested, not claimed")
 	create.Flags().BoolVar(&req.AllowReclaim, "allow-reclaim", false, "let a machine that is already joined join again, keeping its node id")
 	create.Flags().StringVar(&req.Hosted, "hosted", "", "kubernetes: the agent runs as a DaemonSet (tenant-controlled trust)")
 
@@ -383,6 +400,15 @@ func nodesCommand() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "node     %s (%s)\nrole     %s\ntrust    %s\npool     %s\njoined   %s with %s\ncert     serial %s until %s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.JoinedAt.Format(time.RFC3339), n.SecretID, n.CertSerial, n.NotAfter.Format(time.RFC3339))
+			if a := n.Attested; a != nil {
+				chain := "EK certificate not checked (the listener has no --tpm-ca-dir)"
+				if a.EKCertVerified {
+					chain = "EK certificate verified, issued by " + a.EKIssuer
+				}
+				fmt.Fprintf(w, "attested by its TPM: the node key lives in the TPM\n  %-13s %s\n  %-13s %s\n", "ek sha-256", a.EKHash, "ek chain", chain)
+			} else {
+				fmt.Fprintln(w, "attested nothing (no TPM)")
+			}
 			fmt.Fprintln(w, "facts    claimed by the machine at join, not attested:")
 			f := n.Facts
 			for _, kv := range [][2]string{{"product uuid", f.ProductUUID}, {"serial", f.Serial}, {"board serial", f.BoardSerial}, {"vendor", f.Vendor}, {"product", f.ProductName}, {"hostname", f.Hostname}, {"macs", strings.Join(f.MACs, " ")}, {"gpus", strings.Join(f.GPUUUIDs, " ")}} {

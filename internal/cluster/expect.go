@@ -37,6 +37,17 @@ var expectRules = []expectRule{
 		`must be "GPU-" followed by 8-64 hex digits and dashes, as nvidia-smi -L prints it`},
 }
 
+// FieldEKHash is the expect field that pins a TPM.
+const FieldEKHash = "ekHash"
+
+var ekHashRE = regexp.MustCompile(`^[0-9A-Fa-f]{64}$`)
+
+// MismatchedTPM reports whether e pins a TPM the attestation (nil: none)
+// does not prove.
+func MismatchedTPM(e *Expect, v *TPMVerdict) bool {
+	return e != nil && e.EKHash != "" && (v == nil || !strings.EqualFold(e.EKHash, v.EKHash))
+}
+
 func (e *Expect) value(field string) string {
 	switch field {
 	case identity.KindProductUUID:
@@ -77,8 +88,11 @@ func (e *Expect) Validate() []ExpectProblem {
 			probs = append(probs, ExpectProblem{r.field, "is " + reason + ", a value many machines share or none owns: it cannot pin one machine"})
 		}
 	}
+	if e.EKHash != "" && !ekHashRE.MatchString(e.EKHash) {
+		probs = append(probs, ExpectProblem{FieldEKHash, "must be the SHA-256 of the TPM's endorsement key: 64 hex digits (see `stratum-agent tpm ek` on the machine)"})
+	}
 	if e.Empty() {
-		probs = append(probs, ExpectProblem{"", "must name at least one identifier: productUuid, serial, mac or gpuUuid"})
+		probs = append(probs, ExpectProblem{"", "must name at least one identifier: productUuid, serial, mac, gpuUuid or ekHash"})
 	}
 	return probs
 }
@@ -131,6 +145,15 @@ func hasMember(set []string, v string, canon func(string) string) bool {
 		}
 	}
 	return false
+}
+
+// NodeIdentityKey is the identity a node is indexed by: the attested EK
+// hash when the join proved a TPM, else the claimed IdentityKey.
+func NodeIdentityKey(v *TPMVerdict, f wire.Facts) string {
+	if v != nil && v.EKHash != "" {
+		return "ek:" + strings.ToLower(v.EKHash)
+	}
+	return IdentityKey(f)
 }
 
 // IdentityKey is the node identity of DESIGN.md section 5: the product

@@ -19,6 +19,8 @@ func TestExpectValidate(t *testing.T) {
 		{name: "every field", expect: &Expect{ProductUUID: "4c4c4544-0037-5810-804a-b2c04f4b5133", Serial: "7XJ2KQ3", MAC: "3C:EC:EF:A1:B2:C3", GPUUUID: "GPU-8c8e2d4a-5b7f-1e3c-9d0a-6f1b2c3d4e5f"}, ok: true},
 		{name: "supermicro uuid with leading zeros", expect: &Expect{ProductUUID: "00000000-0000-0000-0000-3CECEFA1B2C3"}, ok: true},
 		{name: "empty", expect: &Expect{}, field: "", message: "at least one identifier"},
+		{name: "ek hash alone", expect: &Expect{EKHash: strings.Repeat("Ab", 32)}, ok: true},
+		{name: "ek hash short", expect: &Expect{EKHash: "abcd"}, field: "ekHash", message: "64 hex digits"},
 		{name: "uuid pattern", expect: &Expect{ProductUUID: "not-a-uuid"}, field: "productUuid", message: "SMBIOS product UUID"},
 		{name: "uuid too short", expect: &Expect{ProductUUID: "4c4c"}, field: "productUuid", message: "8-64 hex digits"},
 		{name: "uuid too long", expect: &Expect{ProductUUID: strings.Repeat("a", 65)}, field: "productUuid", message: "at most 64"},

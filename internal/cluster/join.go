@@ -167,6 +167,14 @@ type ProveRequest struct {
 	// SAS derives the short authentication string of this PAKE session
 	// for a join id; nil leaves joins without one.
 	SAS func(joinID string) string
+	// TPM is the verified attestation of the key, nil when the agent
+	// offered none; RequireTPM says the secret's pool demands one.
+	TPM        *TPMVerdict
+	RequireTPM bool
+	// TPMRefusal, when set, is why the agent's attestation was refused:
+	// the join is refused with JOIN_TPM_REQUIRED in the transaction, so
+	// the attempt is un-counted and no use is spent.
+	TPMRefusal string
 }
 
 // Outcome is what a proven join leads to.
@@ -249,6 +257,15 @@ func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Ou
 	// (it then is revoked, above), and its agent pins the current root.
 	if s.Burns() && s.CAFingerprint != req.CurrentCA {
 		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+	}
+	if req.TPMRefusal != "" {
+		return c.refuse(tx, s, wire.CodeTPMRequired, req.TPMRefusal, nil), nil
+	}
+	if req.RequireTPM && req.TPM == nil {
+		return c.refuse(tx, s, wire.CodeTPMRequired, "this pool requires TPM attestation, and this agent offered none (run it on a machine with a TPM, or give it --tpm)", nil), nil
+	}
+	if MismatchedTPM(s.Expect, req.TPM) {
+		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's TPM is not the one the join code is pinned to (ekHash)", map[string]any{"field": FieldEKHash}), nil
 	}
 	if field := MismatchedField(s.Expect, req.Facts); field != "" {
 		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the "+kindName(s.Kind)+" is pinned to", map[string]any{"field": field}), nil
@@ -371,7 +388,7 @@ func (c *Cluster) resume(tx *txn, s *Secret, j *Join, req ProveRequest, now time
 // completeNode creates (or reclaims) the node for a join and issues its
 // certificate; the caller has charged the use.
 func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
-	ident := IdentityKey(req.Facts)
+	ident := NodeIdentityKey(req.TPM, req.Facts)
 	idKey := identityKey(s.Pool, ident)
 	var n *Node
 	reclaimed := false
@@ -410,7 +427,7 @@ func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, no
 	}
 	n.Pool, n.Tenant, n.IdentityKey, n.Facts = s.Pool, s.Tenant, ident, factsFrom(req.Facts)
 	n.Role, n.Trust, n.SecretID, n.JoinID, n.KeyFP = s.Role, s.Trust, s.ID, j.ID, req.KeyFP
-	n.JoinedAt = now
+	n.JoinedAt, n.TPM = now, req.TPM
 	if s.Key != nil {
 		host, err := assignHost(tx, s, n, req.Facts)
 		if errors.Is(err, errNoAddresses) {
@@ -432,6 +449,9 @@ func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, no
 	tx.put(joinKey(j.ID), j)
 	tx.putString(serialKey(cert.Serial), serialOwner(n))
 	fields := map[string]any{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	if req.TPM != nil {
+		fields["ekHash"] = req.TPM.EKHash
+	}
 	if reclaimed {
 		tx.event(EventNodeReclaimed, SystemActor, fields)
 	} else {
@@ -535,6 +555,12 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		}
 		if owner != serialOwner(&n) || slicesContains(n.RevokedSerials, req.Serial) {
 			out = refused(wire.CodeNodeRevoked, "this certificate was revoked when the machine was reclaimed; join again with a new code")
+			return nil
+		}
+		// An attested key is the node's identity: a renewal into any other
+		// key would carry the node out of its TPM.
+		if n.TPM != nil && req.KeyFP != n.KeyFP {
+			out = refused(wire.CodeTPMKeyChanged, "this node's key was attested to live in a TPM, and the renewal asks for another key; join again with a new code")
 			return nil
 		}
 		cert, err := req.Issue(n.ID, n.Role)

@@ -80,11 +80,23 @@ type Expect struct {
 	Serial      string `json:"serial,omitempty"`
 	MAC         string `json:"mac,omitempty"`
 	GPUUUID     string `json:"gpuUuid,omitempty"`
+	// EKHash pins the secret to one TPM: the SHA-256 of its endorsement
+	// key (docs/tpm.md). Unlike the others it is attested, not claimed.
+	EKHash string `json:"ekHash,omitempty"`
 }
 
 // Empty reports whether no identifier is given.
 func (e *Expect) Empty() bool {
-	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "")
+	return e == nil || (e.ProductUUID == "" && e.Serial == "" && e.MAC == "" && e.GPUUUID == "" && e.EKHash == "")
+}
+
+// TPMVerdict is what a verified TPM attestation established about a join
+// (see internal/tpm): the EK hash, and whether the EK certificate chained
+// to the manufacturer roots the listener was given.
+type TPMVerdict struct {
+	EKHash         string `json:"ekHash"`
+	EKCertVerified bool   `json:"ekCertVerified"`
+	EKIssuer       string `json:"ekIssuer,omitempty"`
 }
 
 // KeyAttrs are what a seed-003 join key gives the hosts that enroll with it.
@@ -227,6 +239,9 @@ type Node struct {
 	// in an earlier generation no longer renew (see serialOwner).
 	Generation int   `json:"generation,omitempty"`
 	Host       *Host `json:"host,omitempty"`
+	// TPM is set when the node key was attested to live in a TPM; such
+	// a node renews only with that key.
+	TPM *TPMVerdict `json:"tpm,omitempty"`
 }
 
 // Join is one proven join of a key with a secret: pending approval,

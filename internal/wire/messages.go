@@ -54,10 +54,74 @@ func (m *Challenge) Check() error {
 }
 
 // Proof finishes the PAKE and asks for a certificate for the CSR's key.
+// TPM, when present, offers to prove that the key lives in a TPM: the
+// listener then answers with a TPMChallenge before the Result.
 type Proof struct {
-	KE3   []byte `cbor:"1,keyasint"`
-	CSR   []byte `cbor:"2,keyasint"`
-	Facts Facts  `cbor:"3,keyasint"`
+	KE3   []byte    `cbor:"1,keyasint"`
+	CSR   []byte    `cbor:"2,keyasint"`
+	Facts Facts     `cbor:"3,keyasint"`
+	TPM   *TPMClaim `cbor:"5,keyasint,omitempty"`
+}
+
+// TPMClaim names the TPM and the keys an attestation is about, in the
+// TPM's own encodings (see docs/tpm.md): the endorsement key (EK) public
+// area and its certificate (DER; absent when the TPM holds none), the
+// attestation key's and the node key's public areas.
+type TPMClaim struct {
+	EKPublic  []byte `cbor:"1,keyasint"`
+	EKCert    []byte `cbor:"2,keyasint,omitempty"`
+	AKPublic  []byte `cbor:"3,keyasint"`
+	KeyPublic []byte `cbor:"4,keyasint"`
+}
+
+func (c *TPMClaim) check() error {
+	for _, f := range []struct {
+		name string
+		b    []byte
+		max  int
+	}{{"ekPublic", c.EKPublic, 1024}, {"akPublic", c.AKPublic, 1024}, {"keyPublic", c.KeyPublic, 1024}} {
+		if len(f.b) == 0 || len(f.b) > f.max {
+			return fmt.Errorf("tpm %s is %d bytes, want 1..%d", f.name, len(f.b), f.max)
+		}
+	}
+	if len(c.EKCert) > 4<<10 {
+		return fmt.Errorf("tpm ekCert is %d bytes, want at most 4096", len(c.EKCert))
+	}
+	return nil
+}
+
+// TPMChallenge is the listener's credential for the claimed EK and AK,
+// and the nonce the node key's certification must carry.
+type TPMChallenge struct {
+	Credential []byte `cbor:"1,keyasint"`
+	Secret     []byte `cbor:"2,keyasint"`
+	Nonce      []byte `cbor:"3,keyasint"`
+}
+
+func (*TPMChallenge) Type() byte { return TypeTPMChallenge }
+
+func (m *TPMChallenge) Check() error {
+	if len(m.Credential) == 0 || len(m.Credential) > 1024 || len(m.Secret) == 0 || len(m.Secret) > 1024 || len(m.Nonce) != 32 {
+		return errors.New("tpm challenge fields out of bounds")
+	}
+	return nil
+}
+
+// TPMAnswer is the activated secret, and TPMS_ATTEST of TPM2_Certify of
+// the node key by the attestation key with its TPMT_SIGNATURE.
+type TPMAnswer struct {
+	Secret      []byte `cbor:"1,keyasint"`
+	CertifyInfo []byte `cbor:"2,keyasint"`
+	Signature   []byte `cbor:"3,keyasint"`
+}
+
+func (*TPMAnswer) Type() byte { return TypeTPMAnswer }
+
+func (m *TPMAnswer) Check() error {
+	if len(m.Secret) == 0 || len(m.Secret) > 64 || len(m.CertifyInfo) == 0 || len(m.CertifyInfo) > 1024 || len(m.Signature) == 0 || len(m.Signature) > 1024 {
+		return errors.New("tpm answer fields out of bounds")
+	}
+	return nil
 }
 
 func (*Proof) Type() byte { return TypeProof }
@@ -68,6 +132,11 @@ func (m *Proof) Check() error {
 		return fmt.Errorf("KE3 is %d bytes, want %d", len(m.KE3), pake.KE3Size)
 	case len(m.CSR) == 0 || len(m.CSR) > 8<<10:
 		return fmt.Errorf("CSR is %d bytes, want 1..8192", len(m.CSR))
+	}
+	if m.TPM != nil {
+		if err := m.TPM.check(); err != nil {
+			return err
+		}
 	}
 	return m.Facts.Check()
 }
@@ -110,6 +179,12 @@ const (
 	CodeCertInvalid      = "NODE_CERT_INVALID"
 	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
 	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
+	// CodeTPMRequired: the pool requires TPM attestation and the join
+	// offered none, or its attestation did not verify.
+	CodeTPMRequired = "JOIN_TPM_REQUIRED"
+	// CodeTPMKeyChanged: an attested node asked to renew into a key
+	// other than the one its TPM attested.
+	CodeTPMKeyChanged = "TPM_KEY_CHANGED"
 )
 
 // Retryable reports whether a refusal code is transient.

@@ -11,8 +11,12 @@
 //	                                 <-     Challenge{KE2, caChain, ksf}
 //	finish OPAQUE, pin the CA,
 //	check the QUIC certificate
-//	Proof{KE3, CSR, facts}           ->
-//	                                        verify KE3; one transaction: prove, check, consume a use
+//	Proof{KE3, CSR, facts, tpm?}     ->
+//	                                        verify KE3; with proof.tpm:
+//	                                 <-     TPMChallenge{credential, secret, nonce}
+//	TPMAnswer{secret, certifyInfo, sig} ->
+//	                                        check the attestation (docs/tpm.md);
+//	                                        one transaction: prove, check, consume a use
 //	                                 <-     Result{status: pending, joinId}   (only with approval; repeats nothing else)
 //	                                 <-     Result{status: joined|refused, ...}
 //
@@ -61,6 +65,9 @@ const (
 	TypeProof     byte = 3
 	TypeResult    byte = 4
 	TypeRenew     byte = 5
+	// 6 is not used.
+	TypeTPMChallenge byte = 7
+	TypeTPMAnswer    byte = 8
 )
 
 // Message is implemented by every frame body.

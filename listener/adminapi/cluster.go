@@ -221,15 +221,32 @@ func (s *Server) revokeCode(w http.ResponseWriter, r *http.Request, p Principal)
 }
 
 // NodeView is a node as the admin API shows it. Facts are claimed by the
-// machine, never attested.
+// machine, never attested; Attested is what its TPM proved, if anything.
 type NodeView struct {
 	cluster.Node
-	ClaimedFacts any    `json:"claimedFacts"`
-	FactsNote    string `json:"factsNote"`
+	ClaimedFacts any           `json:"claimedFacts"`
+	FactsNote    string        `json:"factsNote"`
+	Attested     *AttestedView `json:"attested,omitempty"`
+}
+
+// AttestedView is what a TPM attestation proved at join (docs/tpm.md).
+type AttestedView struct {
+	// EKHash is the SHA-256 of the TPM's endorsement key.
+	EKHash string `json:"ekHash"`
+	// EKCertVerified: the EK certificate chained to the manufacturer roots
+	// the listener was given (serve --tpm-ca-dir).
+	EKCertVerified bool   `json:"ekCertVerified"`
+	EKIssuer       string `json:"ekIssuer,omitempty"`
+	// KeyInTPM: the node key was certified by the TPM as created in it.
+	KeyInTPM bool `json:"keyInTpm"`
 }
 
 func nodeView(n cluster.Node) NodeView {
-	return NodeView{Node: n, ClaimedFacts: n.Facts, FactsNote: "claimed by the machine at join, not attested"}
+	v := NodeView{Node: n, ClaimedFacts: n.Facts, FactsNote: "claimed by the machine at join, not attested"}
+	if n.TPM != nil {
+		v.Attested = &AttestedView{EKHash: n.TPM.EKHash, EKCertVerified: n.TPM.EKCertVerified, EKIssuer: n.TPM.EKIssuer, KeyInTPM: true}
+	}
+	return v
 }
 
 // lookupErr maps a core lookup error: not found is said plainly, anything

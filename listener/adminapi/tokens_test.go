@@ -109,6 +109,8 @@ func TestJoinTokensSeed000(t *testing.T) {
 		{name: "expect.mac dashes", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"mac": "00-11-22-33-44-55"}), want: want{400, "INVALID_INPUT", "expect.mac"}},
 		{name: "expect.gpuUuid bad", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"gpuUuid": "gpu-0123abcd"}), want: want{400, "INVALID_INPUT", "expect.gpuUuid"}},
 		{name: "expect.gpuUuid too long", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"gpuUuid": "GPU-" + strings.Repeat("a", 65)}), want: want{400, "INVALID_INPUT", "expect.gpuUuid"}},
+		{name: "expect.ekHash short", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"ekHash": "abc123"}), want: want{400, "INVALID_INPUT", "expect.ekHash"}},
+		{name: "expect.ekHash alone", caller: bearer(all), path: createPath, body: createBody("idempotencyKey", "pinned-ek", "expect", map[string]any{"ekHash": strings.Repeat("0a", 32)}), want: want{status: 200}},
 		{name: "expect unknown identifier", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"hostname": "x"}), want: want{400, "INVALID_INPUT", "expect.hostname"}},
 		{name: "expect all four", caller: bearer(all), path: createPath, body: createBody("idempotencyKey", "pinned-4", "expect", map[string]any{"productUuid": "4c4c4544-0042-3510-8052-b2c04f4e4d32", "serial": "7XJ2KQ3", "mac": "B8:CE:F6:01:02:03", "gpuUuid": "GPU-1f2e3d4c-0000-1111-2222-333344445555"}), want: want{status: 200}},
 		{name: "allowReclaim not a boolean", caller: bearer(all), path: createPath, body: createBody("allowReclaim", "yes"), want: want{400, "INVALID_INPUT", "allowReclaim"}},

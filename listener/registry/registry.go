@@ -109,6 +109,9 @@ type Pool struct {
 // PoolPolicy is a pool's policy document.
 type PoolPolicy struct {
 	Kubernetes KubernetesPolicy `json:"kubernetes"`
+	// RequireTPM refuses joins into the pool that do not prove their node
+	// key lives in a TPM (JOIN_TPM_REQUIRED; see docs/tpm.md).
+	RequireTPM bool `json:"requireTPM,omitempty"`
 }
 
 // KubernetesPolicy governs tokens with hosted: kubernetes.

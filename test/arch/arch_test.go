@@ -3,6 +3,7 @@
 package arch
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -32,7 +33,9 @@ func TestLayering(t *testing.T) {
 		// the listener never links the hardware probes
 		{module + "/cmd/stratum-listener", []string{module + "/hwid", "github.com/jaypipes/ghw", "github.com/NVIDIA/go-nvml", module + "/agent"}},
 		// the wire protocol depends on nothing of either side
-		{module + "/internal/wire", []string{module + "/agent", module + "/listener", module + "/pki"}},
+		{module + "/internal/wire", []string{module + "/agent", module + "/listener", module + "/pki", "github.com/google/go-tpm"}},
+		// TPM encodings stay in internal/tpm: wire carries bytes only
+		{module + "/hwid", []string{"github.com/google/go-tpm", module + "/internal/tpm"}},
 	} {
 		for _, d := range deps(t, tc.pkg) {
 			for _, f := range tc.forbidden {
@@ -56,5 +59,15 @@ func TestEveryPackageDocumented(t *testing.T) {
 			path := f[0]
 			t.Errorf("%s has no package doc comment", path)
 		}
+	}
+}
+
+// TestListenerBuildsWithoutCgo: the listener (with the TPM verifier) is
+// pure Go, so it builds as a static binary.
+func TestListenerBuildsWithoutCgo(t *testing.T) {
+	cmd := exec.Command("go", "build", "-o", t.TempDir()+"/stratum-listener", module+"/cmd/stratum-listener")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
 	}
 }

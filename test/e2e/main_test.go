@@ -33,6 +33,8 @@ type listenerProc struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	logs     []string // stderr of earlier runs
+	// serveArgs are added to serve at the next start
+	serveArgs []string
 }
 
 func newListener(t *testing.T, extraInit ...string) *listenerProc {
@@ -52,7 +54,7 @@ func newListener(t *testing.T, extraInit ...string) *listenerProc {
 func (p *listenerProc) start() {
 	p.t.Helper()
 	p.stderr = new(bytes.Buffer)
-	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug")
+	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug"}, p.serveArgs...)...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
