@@ -9,7 +9,8 @@ STATICCHECK_VERSION := v0.8.2
 # go-nvml's header marks many calls deprecated; gcc would print each one
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test test-short demo bench herd fuzz lint install clean
+# demo-ha needs an etcd server: built from the etcd Go module this module requires.
+.PHONY: all build test test-short demo demo-ha bench herd fuzz lint install clean
 
 all: build
 
@@ -26,6 +27,11 @@ test-short:
 
 demo: build
 	./scripts/demo.sh
+
+# Three etcd members, three listeners: joins through each, a rotation, a kill.
+demo-ha: build
+	$(GO) build -o $(BIN)/etcd ./internal/store/etcdtest/etcdmain
+	./scripts/demo-ha.sh
 
 # Figures for the issue notes: join latency, listener CPU per join against
 # the floor, RSS after 1,000 joins, KE2 timing of live/inactive/unknown.

@@ -36,8 +36,11 @@ const MaxPAKEFailures = 3
 // JoinConfig is what one join needs.
 type JoinConfig struct {
 	StateDir string
-	Endpoint string
-	Secret   joincode.Secret
+	// Endpoint, then Endpoints, are the listeners of the cluster: the agent
+	// fails over from one to the next while none has answered.
+	Endpoint  string
+	Endpoints []string
+	Secret    joincode.Secret
 	// CAFingerprint, when set, must match the root learned through the PAKE.
 	CAFingerprint string
 	Facts         wire.Facts
@@ -140,19 +143,30 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 		defer att.Close()
 		cfg.attestation = att
 	}
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	conn, err := cfg.Dial(dctx, cfg.Endpoint, &tls.Config{
+	tlsConf := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{wire.ALPNJoin},
 		// The CA is not known yet: it is learned through the PAKE, and
 		// the certificate is checked against it before anything but the
 		// OPAQUE messages is sent.
 		InsecureSkipVerify: true,
-	}, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second})
-	cancel()
+	}
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second}
+	// Nothing of the join is sent before a handshake completes, so an
+	// endpoint that is down costs no attempt.
+	conn, ep, err := dialFirst(ctx, endpointList(cfg.Endpoint, cfg.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+		return cfg.Dial(dctx, ep, tlsConf.Clone(), qconf.Clone())
+	})
 	if err != nil {
 		return nil, &UnreachableError{err}
 	}
+	if ep != cfg.Endpoint {
+		cfg.Logger.Info("joining through another endpoint", "endpoint", ep)
+	}
+	cfg.Endpoints = endpointList(ep, endpointList(cfg.Endpoint, cfg.Endpoints))
+	cfg.Endpoint = ep
 	defer conn.CloseWithError(0, "")
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends, or a stop while the join waits for approval would
@@ -329,7 +343,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 	}
 	fp := sha256.Sum256(pinned.Raw)
 	id := Identity{
-		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, TrustDomain: trustDomain,
+		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, Endpoints: cfg.Endpoints, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
 		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
 	}

@@ -85,12 +85,18 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 			return err
 		},
 	}
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	conn, err := quic.DialAddr(dctx, id.Endpoint, tlsConf, &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second})
-	cancel()
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second}
+	conn, ep, err := dialFirst(ctx, endpointList(id.Endpoint, id.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+		return quic.DialAddr(dctx, ep, tlsConf.Clone(), qconf.Clone())
+	})
 	if err != nil {
 		return id, &UnreachableError{err}
 	}
+	// The endpoint that answered is tried first next time.
+	id.Endpoints = endpointList(ep, endpointList(id.Endpoint, id.Endpoints))
+	id.Endpoint = ep
 	defer conn.CloseWithError(0, "")
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends so that a stop interrupts a read in flight.

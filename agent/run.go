@@ -33,7 +33,9 @@ type Notifier interface {
 // RunConfig wires the service loop.
 type RunConfig struct {
 	StateDir string
-	Endpoint string
+	// Endpoint, then Endpoints, are the listeners a join may go through.
+	Endpoint  string
+	Endpoints []string
 	// Secret returns the join secret when the node has no identity yet.
 	Secret func() (joincode.Secret, error)
 	// Facts collects the hardware identity to claim.
@@ -229,7 +231,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			}
 		}
 		jc := JoinConfig{
-			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts, TPM: cfg.TPM,
+			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Endpoints: cfg.Endpoints, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts, TPM: cfg.TPM,
 			Logger: cfg.Logger, Now: cfg.Clock.Now,
 			OnPending: func(p Pending) { cfg.status(pendingStatus(p)) },
 		}

@@ -65,10 +65,13 @@ func (s State) Pending() (p Pending, ok bool, err error) {
 
 // Identity is node.json: what the agent knows about itself.
 type Identity struct {
-	NodeID        string    `json:"nodeId"`
-	Role          string    `json:"role"`
-	Trust         string    `json:"trust"`
-	Endpoint      string    `json:"endpoint"`
+	NodeID   string `json:"nodeId"`
+	Role     string `json:"role"`
+	Trust    string `json:"trust"`
+	Endpoint string `json:"endpoint"`
+	// Endpoints are every listener the node may renew through, Endpoint
+	// (the last that answered) first.
+	Endpoints     []string  `json:"endpoints,omitempty"`
 	TrustDomain   string    `json:"trustDomain"`
 	CAFingerprint string    `json:"caFingerprint"`
 	NotAfter      time.Time `json:"notAfter"`

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/tpm"
@@ -95,6 +96,13 @@ type Listener struct {
 	now      func() time.Time
 	keys     pki.KeyDir
 	opaque   *pake.ServerKeys
+	// opaqueRaw is opaque.key as read at start, to tell whether the
+	// cluster's copy in the store still matches it.
+	opaqueRaw []byte
+	// kek is set when the listener is one of a cluster whose keys are
+	// sealed in the store; keysMu orders the changes of the key directory.
+	kek      *keyseal.KEK
+	keysMu   sync.Mutex
 	cluster  *cluster.Cluster
 	store    store.Store
 	ownStore bool
@@ -144,16 +152,6 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
-	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("read opaque keys: %w", err)
-	}
-	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
-		return nil, err
-	}
-	if err := l.loadCA(); err != nil {
-		return nil, err
-	}
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL
@@ -166,11 +164,32 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		l.ownStore = true
 	}
 	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
-	if err := l.cluster.CheckSchema(ctx); err != nil {
+	fail := func(err error) (*Listener, error) {
 		if l.ownStore {
 			l.store.Close()
 		}
 		return nil, err
+	}
+	if err := l.cluster.CheckSchema(ctx); err != nil {
+		return fail(err)
+	}
+	// Before the keys are read: a listener that missed a rotation takes
+	// the cluster's keys first.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := l.checkSharedIdentity(cctx); err != nil {
+		return fail(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(l.keys.Path, opaqueKeyFile))
+	if err != nil {
+		return fail(fmt.Errorf("read opaque keys: %w", err))
+	}
+	l.opaqueRaw = raw
+	if l.opaque, err = pake.DecodeServerKeys(raw); err != nil {
+		return fail(err)
+	}
+	if err := l.loadCA(); err != nil {
+		return fail(err)
 	}
 	return l, nil
 }
@@ -242,6 +261,21 @@ func (l *Listener) Roots() []*x509.Certificate {
 // JOIN_CODE_STALE); tokens and keys keep joining through the root they were
 // minted under until RetireCA.
 func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
+	fp, err := l.rotateKeys(ctx, actor)
+	if err != nil {
+		return fp, err
+	}
+	_, err = l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARotatedBy, func(s *cluster.Secret) bool { return s.Kind == cluster.KindCode })
+	return fp, err
+}
+
+// rotateKeys makes the new root, in the cluster's shared keys or in this
+// listener's own key directory, with the ca.rotated event.
+func (l *Listener) rotateKeys(ctx context.Context, actor string) (string, error) {
+	if l.kek != nil {
+		// The event is written with the sealed keys, in one transaction.
+		return l.rotateShared(ctx, actor)
+	}
 	if _, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now()); err != nil {
 		return "", fmt.Errorf("rotate ca: %w", err)
 	}
@@ -252,8 +286,7 @@ func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]any{"caFingerprint": fp}); err != nil {
 		return fp, fmt.Errorf("the CA was rotated to %s, but its event was not recorded: %w", fp, err)
 	}
-	_, err := l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARotatedBy, func(s *cluster.Secret) bool { return s.Kind == cluster.KindCode })
-	return fp, err
+	return fp, nil
 }
 
 // RetireCA ends every root but the current one: nodes and listeners stop
@@ -261,21 +294,36 @@ func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 // cluster.CARetiredBy, with an event each. It returns how many secrets it
 // revoked.
 func (l *Listener) RetireCA(ctx context.Context, actor string) (int, error) {
-	retired, err := l.keys.Retire()
-	if err != nil {
-		return 0, err
+	var retired []*x509.Certificate
+	fields := func(fp string) map[string]any {
+		var fps []string
+		for _, r := range retired {
+			fps = append(fps, pki.FormatFingerprint(pki.FingerprintOf(r)))
+		}
+		return map[string]any{"caFingerprint": fp, "retired": strings.Join(fps, " ")}
 	}
-	if err := l.loadCA(); err != nil {
-		return 0, err
+	if l.kek != nil {
+		// the shared keys change under a compare-and-swap, with the event
+		err := l.changeSharedKeys(ctx, actor, cluster.EventCARetired,
+			func(pub sharedPublic) map[string]any { return fields(pub.CAFingerprint) },
+			func() (err error) { retired, err = l.keys.Retire(); return err })
+		if err != nil {
+			return 0, fmt.Errorf("retire ca: %w", err)
+		}
+	} else {
+		var err error
+		if retired, err = l.keys.Retire(); err != nil {
+			return 0, err
+		}
+		if err := l.loadCA(); err != nil {
+			return 0, err
+		}
+		_, fp := l.CA()
+		if err := l.cluster.Record(ctx, cluster.EventCARetired, actor, fields(fp)); err != nil {
+			return 0, err
+		}
 	}
 	_, fp := l.CA()
-	var fps []string
-	for _, r := range retired {
-		fps = append(fps, pki.FormatFingerprint(pki.FingerprintOf(r)))
-	}
-	if err := l.cluster.Record(ctx, cluster.EventCARetired, actor, map[string]any{"caFingerprint": fp, "retired": strings.Join(fps, " ")}); err != nil {
-		return 0, err
-	}
 	return l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARetiredBy, nil)
 }
 
@@ -396,6 +444,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	g.Go(func() error {
 		l.limiters.sweep(gctx)
+		return nil
+	})
+	g.Go(func() error {
+		l.watchKeys(gctx)
 		return nil
 	})
 	g.Go(func() error {

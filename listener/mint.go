@@ -3,6 +3,7 @@ package listener
 import (
 	"context"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,6 +35,13 @@ func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.
 	spec.Secret.KSF = ksf
 	if spec.Secret.Endpoint == "" {
 		spec.Secret.Endpoint = l.Endpoint()
+		eps, err := l.Endpoints(ctx)
+		if err != nil {
+			return nil, joincode.Secret{}, err
+		}
+		if len(eps) > 1 {
+			spec.Secret.Endpoints = eps
+		}
 	}
 	kind := spec.Secret.Kind
 	spec.Mint = func(locator string) (joincode.Secret, []byte, error) {
@@ -86,6 +94,27 @@ func (l *Listener) Endpoint() string {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.settings.Endpoints[0]
+}
+
+// Endpoints lists every endpoint of the cluster, this listener's first:
+// those the listeners of the store recorded, when it is one of a cluster.
+func (l *Listener) Endpoints(ctx context.Context) ([]string, error) {
+	l.mu.RLock()
+	out := slices.Clone(l.settings.Endpoints)
+	l.mu.RUnlock()
+	if l.kek == nil {
+		return out, nil
+	}
+	all, err := l.cluster.Endpoints(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, ep := range all {
+		if !slices.Contains(out, ep) {
+			out = append(out, ep)
+		}
+	}
+	return out, nil
 }
 
 // SetEndpoint overrides the endpoint minted secrets name (tests listening

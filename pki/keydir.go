@@ -52,7 +52,10 @@ var (
 )
 
 // KeyDir is the listener's key directory. Nothing in it goes into the
-// store, so a stolen store or etcd backup holds no key.
+// store in clear: listeners of one cluster share the CA and OPAQUE keys
+// through the store only sealed under a key-encryption key that the store
+// never holds (docs/cluster.md), so a stolen store or etcd backup holds no
+// key.
 type KeyDir struct{ Path string }
 
 // ListenerConfig is what the listener's certificate names besides its

@@ -144,14 +144,20 @@ func joinCommand() *cobra.Command {
 	var hw hwidFlags
 	var tf tpmFlags
 	var verbose bool
+	var endpoints []string
 	cmd := &cobra.Command{
-		Use:   "join --endpoint HOST:PORT (--code-file F | --code - | --code CODE)",
+		Use:   "join --endpoint HOST:PORT [--endpoint HOST:PORT...] (--code-file F | --code - | --code CODE)",
 		Short: "join this machine once and write its identity to the state directory",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cfg.Endpoint == "" {
-				return usage("--endpoint is required")
+			eps := splitAll(endpoints)
+			if len(eps) == 0 {
+				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
 			}
+			if len(eps) == 0 {
+				return usage("--endpoint (or STRATUM_ENDPOINT) is required")
+			}
+			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			sec, err := readSecret(cmd, code, codeFile)
 			if err != nil {
 				return err
@@ -183,7 +189,7 @@ func joinCommand() *cobra.Command {
 			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host:port; repeat it (or separate by commas) for every listener of the cluster: the agent fails over to the next when one is down")
 	cmd.Flags().StringVar(&code, "code", "", "the join code; - reads it from stdin (on the command line, ps shows it)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "read the join code from this file")
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
@@ -358,6 +364,7 @@ func runCommand() *cobra.Command {
 	var hw hwidFlags
 	var tf tpmFlags
 	var logLevel string
+	var endpoints []string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
 		Short: "keep this machine joined: join if needed, then renew (the systemd service)",
@@ -368,12 +375,16 @@ func runCommand() *cobra.Command {
 				return usage("--log-level: %w", err)
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && cfg.Endpoint == "" {
-				cfg.Endpoint = id.Endpoint
+			eps := splitAll(endpoints)
+			if id, ok, err := (agent.State{Dir: cfg.StateDir}).Identity(); err == nil && ok && len(eps) == 0 {
+				eps = append([]string{id.Endpoint}, id.Endpoints...)
 			}
 			// the unit reads these from /etc/stratum/agent.env, written at provisioning
-			if cfg.Endpoint == "" {
-				cfg.Endpoint = os.Getenv("STRATUM_ENDPOINT")
+			if len(eps) == 0 {
+				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
+			}
+			if len(eps) > 0 {
+				cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			}
 			if cfg.CAFingerprint == "" {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
@@ -404,11 +415,20 @@ func runCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
-	cmd.Flags().StringVar(&cfg.Endpoint, "endpoint", "", "the join listener, host:port (remembered after joining)")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host:port, repeatable (remembered after joining; STRATUM_ENDPOINT takes a comma or space separated list)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "join code file (default: the systemd credential join-code)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	hw.register(cmd)
 	tf.register(cmd)
 	return cmd
+}
+
+// splitAll flattens repeated flags that may each hold a comma list.
+func splitAll(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = append(out, agent.SplitEndpoints(v)...)
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -61,15 +62,28 @@ func client() *adminclient.Client { return adminclient.New(adminclient.SocketFro
 
 func initCommand() *cobra.Command {
 	var cfg listener.InitConfig
-	var caCert, caKey string
+	var caCert, caKey, storeFlag string
 	var light bool
+	var etcd etcdFlags
 	cmd := &cobra.Command{
-		Use:   "init --data DIR",
-		Short: "create the CA, the listener certificate and the OPAQUE keys in DIR",
+		Use:   "init --data DIR [--store URL [--join --kek FILE]]",
+		Short: "create the CA, the listener certificate and the OPAQUE keys in DIR, or join the cluster in --store",
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.DataDir == "" {
 				return usageError{fmt.Errorf("--data is required")}
+			}
+			if cfg.Join && (caCert != "" || light || cmd.Flags().Changed("node-lifetime")) {
+				return usageError{fmt.Errorf("--join takes the cluster's CA and settings: --ca-cert, --light-ksf and --node-lifetime do not apply")}
+			}
+			if cfg.Join && !cmd.Flags().Changed("trust-domain") {
+				cfg.TrustDomain = ""
+			}
+			if storeFlag != "" {
+				var err error
+				if cfg.StoreURL, err = etcd.storeURL(storeFlag); err != nil {
+					return err
+				}
 			}
 			if (caCert == "") != (caKey == "") {
 				return usageError{fmt.Errorf("--ca-cert and --ca-key go together")}
@@ -86,7 +100,15 @@ func initCommand() *cobra.Command {
 			if light {
 				cfg.KSF = pake.LightestKSF
 			}
-			ca, err := listener.Init(cfg)
+			ca, err := listener.Init(cmd.Context(), cfg)
+			var exists *listener.ClusterExistsError
+			if errors.As(err, &exists) {
+				ep := strings.Join(cfg.Endpoints, " --endpoint ")
+				if ep == "" {
+					ep = "HOST:PORT"
+				}
+				return fmt.Errorf("%w\nrefusing to make a second cluster in one store. To add this machine as one more listener of it, copy keys/%s from one of its listeners here (0600) as FILE and run:\n\n  stratum-listener init --join --kek FILE --store %s%s --data %s --endpoint %s", err, listener.KEKFile, storeFlag, etcd.args(), cfg.DataDir, ep)
+			}
 			if err != nil {
 				return err
 			}
@@ -106,12 +128,17 @@ func initCommand() *cobra.Command {
 	cmd.Flags().StringVar(&caKey, "ca-key", "", "the imported CA's private key (PEM)")
 	cmd.Flags().BoolVar(&light, "light-ksf", false, "use the lightest Argon2id parameters accepted (t=1, 8 MiB) instead of t=3, 64 MiB")
 	cmd.Flags().DurationVar(&cfg.NodeLifetime, "node-lifetime", 0, "node certificate lifetime (default 168h)")
+	cmd.Flags().StringVar(&storeFlag, "store", os.Getenv("STRATUM_STORE"), "the store several listeners share (etcd://host:2379,... or etcds://...): seal this cluster's keys into it ($STRATUM_STORE)")
+	cmd.Flags().BoolVar(&cfg.Join, "join", false, "add this listener to the cluster already in --store, with its key-encryption key (--kek)")
+	cmd.Flags().StringVar(&cfg.KEKFile, "kek", "", "with --join: the cluster's key-encryption key, copied from keys/"+listener.KEKFile+" of one of its listeners")
+	etcd.register(cmd.Flags())
 	return cmd
 }
 
 func serveCommand() *cobra.Command {
 	var cfg listener.Config
 	var logLevel, registryFile, tpmCADir string
+	var etcd etcdFlags
 	cmd := &cobra.Command{
 		Use:   "serve --data DIR",
 		Short: "serve joins, renewals and the admin socket",
@@ -164,6 +191,9 @@ func serveCommand() *cobra.Command {
 			cfg.Ready = func(addr net.Addr) {
 				_ = notifier.Ready("serving joins on " + addr.String())
 			}
+			if cfg.StoreURL, err = etcd.storeURL(cfg.StoreURL); err != nil {
+				return err
+			}
 			l, err := listener.New(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -179,7 +209,8 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory made by init")
 	cmd.Flags().StringVar(&cfg.Listen, "listen", ":9444", "UDP address for QUIC (unless socket-activated)")
 	cmd.Flags().StringVar(&cfg.AdminSocket, "admin-socket", adminclient.SocketFromEnv(), "admin unix socket")
-	cmd.Flags().StringVar(&cfg.StoreURL, "store", "", "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379")
+	cmd.Flags().StringVar(&cfg.StoreURL, "store", os.Getenv("STRATUM_STORE"), "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379 or etcds://... ($STRATUM_STORE)")
+	etcd.register(cmd.Flags())
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "connections served at once; agents beyond it back off and retry")
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
@@ -215,6 +246,9 @@ func codesCommand() *cobra.Command {
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "join code  %s\n", c.Code)
 			fmt.Fprintf(w, "id         %s\nexpires    %s\nmax uses   %s\npool       %s (role %s, trust %s)\n", c.ID, c.ExpiresAt.Format(time.RFC3339), usesText(c.MaxUses), c.Pool, c.Role, c.Trust)
+			if len(c.Endpoints) > 1 {
+				fmt.Fprintf(w, "endpoints  %s\n", strings.Join(c.Endpoints, " "))
+			}
 			if c.RequireApproval {
 				fmt.Fprintln(w, "approval   required: compare the 6-digit SAS each machine prints, then `stratum-listener joins approve ID --sas DIGITS`")
 			}

@@ -20,7 +20,11 @@ const (
 	pfxTokenIndex = "tokens/"   // tokens/<tenant>/<pool>/<id> -> token id (joinTokens listing)
 	pfxKeyIndex   = "joinkeys/" // joinkeys/<organization>/<id> -> key id (join keys listing)
 	keyUnmatched  = "stats/last-unmatched-attempt"
-	keySchema     = "meta/schema-version"
+	// keySharedIdentity holds the cluster's keys sealed under the
+	// key-encryption key (package keyseal): never a key in clear.
+	keySharedIdentity = "cluster/identity"
+	pfxEndpoint       = "cluster/endpoint/" // cluster/endpoint/<host:port> -> host:port agents may dial
+	keySchema         = "meta/schema-version"
 )
 
 func secretKey(id string) string            { return pfxSecret + id }
@@ -39,6 +43,7 @@ func keyNameKey(org, name string) string          { return pfxName + org + "/" +
 func keyCountKey(org string) string               { return pfxCount + pfxKeyIndex + org }
 func tokenIndexPrefix(tenant, pool string) string { return pfxTokenIndex + tenant + "/" + pool + "/" }
 func keyIndexPrefix(org string) string            { return pfxKeyIndex + org + "/" }
+func endpointKey(ep string) string                { return pfxEndpoint + ep }
 
 // indexKeys are the listing keys that point at s: its pool's token list,
 // or its organization's join key list.

@@ -112,24 +112,27 @@ type KeyAttrs struct {
 // Secret is the stored record of a join code, token or key. It never holds
 // the secret itself.
 type Secret struct {
-	ID              string         `json:"id"`
-	Kind            string         `json:"kind"`
-	Locator         string         `json:"locator"`
-	Record          []byte         `json:"record"`
-	KSF             pake.KSFParams `json:"ksf"`
-	CAFingerprint   string         `json:"caFingerprint"`
-	Endpoint        string         `json:"endpoint"`
-	Tenant          string         `json:"tenant"`
-	Pool            string         `json:"pool"`
-	Role            string         `json:"role"`
-	Trust           string         `json:"trust"`
-	Hosted          string         `json:"hosted,omitempty"`
-	Expect          *Expect        `json:"expect,omitempty"`
-	AllowReclaim    bool           `json:"allowReclaim,omitempty"`
-	RequireApproval bool           `json:"requireApproval,omitempty"`
-	MaxUses         int            `json:"maxUses"` // 0: unlimited
-	Uses            int            `json:"uses"`
-	Unproven        int            `json:"unproven"`
+	ID            string         `json:"id"`
+	Kind          string         `json:"kind"`
+	Locator       string         `json:"locator"`
+	Record        []byte         `json:"record"`
+	KSF           pake.KSFParams `json:"ksf"`
+	CAFingerprint string         `json:"caFingerprint"`
+	Endpoint      string         `json:"endpoint"`
+	// Endpoints are every endpoint of the cluster when it was minted,
+	// Endpoint first; agents fail over from one to the next.
+	Endpoints       []string `json:"endpoints,omitempty"`
+	Tenant          string   `json:"tenant"`
+	Pool            string   `json:"pool"`
+	Role            string   `json:"role"`
+	Trust           string   `json:"trust"`
+	Hosted          string   `json:"hosted,omitempty"`
+	Expect          *Expect  `json:"expect,omitempty"`
+	AllowReclaim    bool     `json:"allowReclaim,omitempty"`
+	RequireApproval bool     `json:"requireApproval,omitempty"`
+	MaxUses         int      `json:"maxUses"` // 0: unlimited
+	Uses            int      `json:"uses"`
+	Unproven        int      `json:"unproven"`
 	// FailedReported is the failed-proof count of a token or key last
 	// announced by an event; events go out at 1, 2, 4, 8, ... failures,
 	// so a guessing storm writes log2(n) of them.

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -16,10 +17,12 @@ import (
 
 // Code is a join code as seed 004 lists it, plus its policy.
 type Code struct {
-	ID              string          `json:"id"`
-	Selector        string          `json:"selector"`
-	FailedAttempts  int             `json:"failedAttempts"`
-	Endpoint        string          `json:"endpoint"`
+	ID             string `json:"id"`
+	Selector       string `json:"selector"`
+	FailedAttempts int    `json:"failedAttempts"`
+	Endpoint       string `json:"endpoint"`
+	// Endpoints lists every listener of the cluster, Endpoint first.
+	Endpoints       []string        `json:"endpoints,omitempty"`
 	CAFingerprint   string          `json:"caFingerprint"`
 	State           string          `json:"state"`
 	CreatedBy       string          `json:"createdBy,omitempty"`
@@ -56,7 +59,7 @@ func codeState(s *cluster.Secret, now time.Time) string {
 
 func toCode(s *cluster.Secret, now time.Time) Code {
 	c := Code{
-		ID: s.ID, Selector: s.Locator, FailedAttempts: s.Unproven, Endpoint: s.Endpoint, CAFingerprint: s.CAFingerprint,
+		ID: s.ID, Selector: s.Locator, FailedAttempts: s.Unproven, Endpoint: s.Endpoint, Endpoints: s.Endpoints, CAFingerprint: s.CAFingerprint,
 		State: codeState(s, now), CreatedBy: s.CreatedBy, CreatedAt: s.CreatedAt, RevokedAt: s.RevokedAt, RevokedBy: s.RevokedBy,
 		Registrations: s.Registrations, MaxUses: s.MaxUses, Uses: s.Uses, Pool: s.Pool, Tenant: s.Tenant, Role: s.Role, Trust: s.Trust,
 		RequireApproval: s.RequireApproval, AllowReclaim: s.AllowReclaim, Hosted: s.Hosted, Expect: s.Expect,
@@ -175,7 +178,7 @@ func (s *Server) mintCode(w http.ResponseWriter, r *http.Request, p Principal) e
 	}
 	out := toCode(stored, now)
 	out.Code = code.Display()
-	out.AgentCommand = fmt.Sprintf("stratum-agent join --endpoint %s --ca-fingerprint %s --code -", stored.Endpoint, stored.CAFingerprint)
+	out.AgentCommand = AgentCommand(stored)
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
@@ -468,4 +471,20 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request, _ Principal)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// AgentCommand is the command that joins a machine with the secret: every
+// endpoint of the cluster, so that the agent fails over when one is down.
+func AgentCommand(s *cluster.Secret) string {
+	eps := s.Endpoints
+	if len(eps) == 0 {
+		eps = []string{s.Endpoint}
+	}
+	var b strings.Builder
+	b.WriteString("stratum-agent join")
+	for _, ep := range eps {
+		b.WriteString(" --endpoint " + ep)
+	}
+	b.WriteString(" --ca-fingerprint " + s.CAFingerprint + " --code -")
+	return b.String()
 }

@@ -55,7 +55,7 @@ func Start(t testing.TB, opts Options) *Listener {
 		if len(ic.Endpoints) == 0 {
 			ic.Endpoints = []string{"127.0.0.1:9444"}
 		}
-		if _, err := listener.Init(ic); err != nil {
+		if _, err := listener.Init(context.Background(), ic); err != nil {
 			t.Fatalf("init listener: %v", err)
 		}
 	}

@@ -27,7 +27,7 @@ func TestAgentExitStatus(t *testing.T) {
 		want     int
 		stderr   string
 	}{
-		{"no endpoint", "", "4F7K2-Q9MXZ-T", 2, "--endpoint is required"},
+		{"no endpoint", "", "4F7K2-Q9MXZ-T", 2, "--endpoint (or STRATUM_ENDPOINT) is required"},
 		{"typo", "127.0.0.1:1", "4F7K2-Q9MXZ-0", 2, "check symbol"},
 		{"not a code", "127.0.0.1:1", "hello", 2, "not a join code"},
 		{"unreachable", freeUDP(t), validCode(t), 3, "could not reach the listener"},

@@ -33,8 +33,10 @@ type listenerProc struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	logs     []string // stderr of earlier runs
-	// serveArgs are added to serve at the next start
+	// serveArgs are added to serve at the next start; env to its
+	// environment.
 	serveArgs []string
+	env       []string
 }
 
 func newListener(t *testing.T, extraInit ...string) *listenerProc {
@@ -55,6 +57,9 @@ func (p *listenerProc) start() {
 	p.t.Helper()
 	p.stderr = new(bytes.Buffer)
 	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "debug"}, p.serveArgs...)...)
+	if p.env != nil {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)

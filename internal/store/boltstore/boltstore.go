@@ -90,9 +90,20 @@ type Options struct {
 // Store is a store.Store on one bbolt file.
 type Store struct {
 	db *bolt.DB
+	// watch tells in-process watchers of committed writes: every writer of
+	// the file is in this process, since bbolt locks it.
+	watch store.Notifier
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store   = (*Store)(nil)
+	_ store.Watcher = (*Store)(nil)
+)
+
+// Watch implements store.Watcher with in-process notification.
+func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	return s.watch.Watch(ctx, key)
+}
 
 // Open opens or creates the bbolt file at path, creating its parent
 // directory 0700 when missing.
@@ -131,6 +142,7 @@ func Open(path string, opts Options) (*Store, error) {
 
 // Close releases the file and its lock.
 func (s *Store) Close() error {
+	s.watch.CloseAll()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store file: %w", err)
 	}
@@ -270,7 +282,10 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 		return nil
 	})
 	switch {
-	case err == nil, errors.Is(err, errNoWrites):
+	case err == nil:
+		s.watch.Notify(ops)
+		return true, nil
+	case errors.Is(err, errNoWrites):
 		return true, nil
 	case errors.Is(err, errCmpFailed):
 		return false, nil

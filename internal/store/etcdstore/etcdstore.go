@@ -11,10 +11,18 @@
 //	etcd://10.0.0.1:2379,10.0.0.2:2379/stratum
 //
 // names the endpoints (comma-separated, each with its port, default 2379)
-// and the key prefix (the path; "/stratum/" when empty). "etcds" uses TLS
-// verified against the system roots. A cluster that needs client
-// certificates or credentials is opened by building a clientv3.Client and
-// calling New; credentials never go in the URL.
+// and the key prefix (the path; "/stratum/" when empty). "etcds" uses TLS,
+// verified against the system roots unless the query names a CA. The query
+// takes files, never a secret itself, so the URL can be logged:
+//
+//	etcds://10.0.0.1:2379/stratum?cacert=/etc/stratum/etcd-ca.pem&cert=/etc/stratum/etcd.crt&key=/etc/stratum/etcd.key
+//	etcds://10.0.0.1:2379/stratum?user=stratum&password-file=/run/credentials/stratum-listener.service/etcd-password
+//
+// cacert is the CA that signs the etcd servers' certificates, cert and key
+// a client certificate (etcd --client-cert-auth), user and password-file
+// etcd's own authentication (the file 0600, its one line the password).
+// When etcd answers but refuses the client, Open's error names why and
+// wraps store.ErrRefused.
 //
 // Operations wait for the cluster while their context allows (the etcd
 // client waits for a connection rather than failing fast), so callers give
@@ -102,16 +110,23 @@ func open(ctx context.Context, u *url.URL) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TLS != nil {
+		// A refused certificate is known after one handshake; the etcd
+		// client would retry it until its deadline and then say only that.
+		if why := probeTLS(ctx, cfg); why != "" {
+			return nil, fmt.Errorf("%w: %s", store.ErrRefused, why)
+		}
+	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("etcd client for %v: %w", cfg.Endpoints, err)
+		return nil, explain(ctx, cfg, err)
 	}
 	s := &Store{cli: cli, prefix: prefix, ownClient: true}
 	probeCtx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
 	defer cancel()
 	if _, err := cli.Get(probeCtx, prefix, clientv3.WithCountOnly()); err != nil {
 		_ = cli.Close()
-		return nil, fmt.Errorf("reach etcd at %v: %w", cfg.Endpoints, err)
+		return nil, explain(ctx, cfg, err)
 	}
 	return s, nil
 }
@@ -132,8 +147,11 @@ func clientConfig(u *url.URL) (clientv3.Config, string, error) {
 	if u.User != nil {
 		return cfg, "", errors.New("etcd store url: credentials in the url are not supported; build a client and use etcdstore.New")
 	}
-	if u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" {
-		return cfg, "", errors.New("etcd store url: want etcd://host:port[,host:port...][/prefix] with no query or fragment")
+	if u.Opaque != "" || u.Fragment != "" {
+		return cfg, "", errors.New("etcd store url: want etcd://host:port[,host:port...][/prefix][?options] with no fragment")
+	}
+	if err := applyQuery(&cfg, u); err != nil {
+		return cfg, "", err
 	}
 	for ep := range strings.SplitSeq(u.Host, ",") {
 		host, port, err := net.SplitHostPort(ep)
@@ -263,4 +281,42 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 		return false, fmt.Errorf("etcd txn (outcome unknown): %w", err)
 	}
 	return resp.Succeeded, nil
+}
+
+var _ store.Watcher = (*Store)(nil)
+
+// Watch implements store.Watcher with an etcd watch on the key. The watch
+// requires a leader, so a member cut off from its cluster ends it (the
+// caller reads again and watches anew) instead of staying silent.
+func (s *Store) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	// Watch from the revision now: the caller reads the key after Watch
+	// returns, and no change after that read can then be missed, even if
+	// the watch reaches the server later.
+	cur, err := s.cli.Get(ctx, s.prefix+key, clientv3.WithCountOnly())
+	if err != nil {
+		return nil, fmt.Errorf("etcd watch %q: %w", key, err)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wch := s.cli.Watch(wctx, s.prefix+key, clientv3.WithRev(cur.Header.Revision+1))
+	out := make(chan struct{}, 1)
+	go func() {
+		defer cancel()
+		defer close(out)
+		for resp := range wch {
+			if resp.Err() != nil || resp.Canceled {
+				return
+			}
+			if len(resp.Events) == 0 {
+				continue
+			}
+			select {
+			case out <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return out, nil
 }

@@ -28,7 +28,9 @@ func TestClientConfigFromURL(t *testing.T) {
 		{url: "etcd://admin:s3cret@db1/", wantErr: "credentials", notInError: "s3cret"},
 		{url: "etcd://db1,,db2/", wantErr: "empty endpoint"},
 		{url: "etcd:///x", wantErr: "empty endpoint"},
-		{url: "etcd://db1/?dial-timeout=1s", wantErr: "no query"},
+		{url: "etcd://db1/?dial-timeout=1s", wantErr: "unknown option"},
+		{url: "etcd://db1/?cacert=/x", wantErr: "use etcds://"},
+		{url: "etcds://db1/?user=u", wantErr: "go together"},
 		{url: "etcd:db1", wantErr: "want etcd://"},
 		{url: "http://db1/", wantErr: "scheme"},
 	}

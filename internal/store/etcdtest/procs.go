@@ -1,6 +1,7 @@
 package etcdtest
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -81,6 +82,8 @@ type Member struct {
 	Name      string
 	ClientURL string
 	DataDir   string
+
+	id string // etcd's member id, as peers send it in X-Server-From
 
 	procs      *Procs
 	peerListen string // where etcd listens for peers
@@ -192,6 +195,7 @@ func StartProcs(t testing.TB, n int, opts ...ProcOption) *Procs {
 	for _, m := range p.Members {
 		p.WaitHealthy(t, m, 60*time.Second)
 	}
+	p.learnIDs(t)
 	if cfg.password != "" {
 		p.enableAuth(t)
 	}
@@ -281,6 +285,31 @@ func (p *Procs) WaitHealthy(t testing.TB, m *Member, limit time.Duration) {
 	}
 }
 
+// learnIDs asks the cluster for its members' ids, which the peer proxies
+// need to tell who is calling.
+func (p *Procs) learnIDs(t testing.TB) {
+	t.Helper()
+	cli := p.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatalf("etcd member list: %v", err)
+	}
+	for _, pm := range resp.Members {
+		for _, m := range p.Members {
+			if m.Name == pm.Name {
+				m.id = fmt.Sprintf("%x", pm.ID)
+			}
+		}
+	}
+	for _, m := range p.Members {
+		if m.id == "" {
+			t.Fatalf("etcd did not list member %s", m.Name)
+		}
+	}
+}
+
 func (p *Procs) enableAuth(t testing.TB) {
 	t.Helper()
 	cli := p.Client(t)
@@ -341,14 +370,22 @@ func (m *Member) signal(sig syscall.Signal) {
 	<-done
 }
 
-// Partition cuts the member's peer traffic: every connection through its
-// proxy is closed and new ones are dropped, so the others cannot reach it
-// and its messages to them are lost. Its clients still reach it, and get
-// no answer that needs the cluster. Heal restores it.
-func (m *Member) Partition() { m.proxy.cut(true) }
+// Partition cuts the member off from its peers in both directions: the
+// others cannot reach it and it cannot reach them. Its clients still reach
+// it, and get no answer that needs the cluster. Heal restores it.
+func (m *Member) Partition() { m.partition(true) }
 
 // Heal lets the member's peer traffic through again.
-func (m *Member) Heal() { m.proxy.cut(false) }
+func (m *Member) Heal() { m.partition(false) }
+
+func (m *Member) partition(cut bool) {
+	m.proxy.setDown(cut)
+	for _, o := range m.procs.Members {
+		if o != m {
+			o.proxy.block(m.id, cut)
+		}
+	}
+}
 
 // LogTail returns the end of the member's log, for failure messages.
 func (m *Member) LogTail() string {
@@ -359,14 +396,20 @@ func (m *Member) LogTail() string {
 	return string(b)
 }
 
-// peerProxy forwards TCP from addr to an etcd member's peer listener.
+// peerProxy forwards an etcd member's peer traffic to its peer listener.
+// etcd's peers speak HTTP/1.1 and name themselves in X-Server-From, so the
+// proxy can cut the traffic of one member in both directions: its own
+// proxy refuses everyone (the others cannot reach it), and every other
+// proxy refuses connections from it (it cannot reach them, neither by a
+// stream nor by its pipeline).
 type peerProxy struct {
 	addr   string
 	target string
 
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]struct{}
+	mu      sync.Mutex
+	down    bool            // refuse every connection
+	blocked map[string]bool // refuse connections from these member ids
+	conns   map[net.Conn]string
 }
 
 func startPeerProxy(t testing.TB, target string) *peerProxy {
@@ -374,8 +417,8 @@ func startPeerProxy(t testing.TB, target string) *peerProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &peerProxy{addr: ln.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
-	t.Cleanup(func() { ln.Close(); p.cut(true) })
+	p := &peerProxy{addr: ln.Addr().String(), target: target, blocked: map[string]bool{}, conns: map[net.Conn]string{}}
+	t.Cleanup(func() { ln.Close(); p.setDown(true) })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -389,35 +432,58 @@ func startPeerProxy(t testing.TB, target string) *peerProxy {
 }
 
 func (p *peerProxy) serve(c net.Conn) {
-	if !p.track(c) {
-		c.Close()
+	defer c.Close()
+	// read the first request's head to learn who is calling
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	var head []byte
+	from := ""
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return
+		}
+		head = append(head, line...)
+		if k, v, ok := strings.Cut(strings.TrimSpace(string(line)), ":"); ok && strings.EqualFold(k, "X-Server-From") {
+			from = strings.TrimSpace(v)
+		}
+		if len(line) <= 2 {
+			break
+		}
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	if !p.track(c, from) {
 		return
 	}
 	up, err := net.DialTimeout("tcp", p.target, time.Second)
-	if err != nil || !p.track(up) {
-		c.Close()
-		if up != nil {
-			up.Close()
-		}
+	if err != nil {
+		p.untrack(c)
+		return
+	}
+	defer up.Close()
+	if !p.track(up, from) {
+		p.untrack(c)
 		return
 	}
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) { _, _ = io.Copy(dst, src); done <- struct{}{} }
-	go pipe(up, c)
-	go pipe(c, up)
+	go func() {
+		if _, err := up.Write(head); err == nil {
+			_, _ = io.Copy(up, br)
+		}
+		done <- struct{}{}
+	}()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
 	<-done
-	c.Close()
-	up.Close()
 	p.untrack(c, up)
 }
 
-func (p *peerProxy) track(c net.Conn) bool {
+func (p *peerProxy) track(c net.Conn, from string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.down {
+	if p.down || p.blocked[from] {
 		return false
 	}
-	p.conns[c] = struct{}{}
+	p.conns[c] = from
 	return true
 }
 
@@ -429,12 +495,29 @@ func (p *peerProxy) untrack(cs ...net.Conn) {
 	}
 }
 
-func (p *peerProxy) cut(down bool) {
+// setDown refuses (or again allows) every connection.
+func (p *peerProxy) setDown(down bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.down = down
-	if down {
-		for c := range p.conns {
+	p.closeMatching(func(string) bool { return down })
+}
+
+// block refuses (or again allows) connections from one member.
+func (p *peerProxy) block(from string, blocked bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if blocked {
+		p.blocked[from] = true
+	} else {
+		delete(p.blocked, from)
+	}
+	p.closeMatching(func(f string) bool { return blocked && f == from })
+}
+
+func (p *peerProxy) closeMatching(match func(from string) bool) {
+	for c, from := range p.conns {
+		if match(from) {
 			c.Close()
 			delete(p.conns, c)
 		}

@@ -48,6 +48,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ConcurrentIncrements", testConcurrentIncrements},
 		{"ReserveAtMost", testReserveAtMost},
 		{"UseAfterClose", testUseAfterClose},
+		{"Watch", testWatch},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
