@@ -54,6 +54,11 @@ type JoinConfig struct {
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
+	// ResultTimeout bounds each wait for the listener's next frame once
+	// the Hello or the Proof is sent (default 2m); while a join is pending
+	// the wait is what the listener announced it holds the join, plus a
+	// minute.
+	ResultTimeout time.Duration
 	// TPM locates the TPM that holds the node key (a device path, or
 	// "sim:HOST:PORT"); "" keeps the key in a file (docs/tpm.md).
 	TPM string
@@ -78,6 +83,9 @@ var (
 type RefusedError struct {
 	Code    string
 	Message string
+	// RetryAfter is how long the listener asked to wait before a retry
+	// (JOIN_RATE_LIMITED); zero when it named none.
+	RetryAfter time.Duration
 }
 
 func (e *RefusedError) Error() string { return e.Message + " (" + e.Code + ")" }
@@ -107,6 +115,9 @@ func (c *JoinConfig) defaults() {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.ResultTimeout == 0 {
+		c.ResultTimeout = 2 * time.Minute
 	}
 	if c.Dial == nil {
 		c.Dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
@@ -212,19 +223,49 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 
 // exchange is the join protocol over one stream; QUIC is only its carrier.
 func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
-	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, cfg.Secret.Password())
+	// the password's copy is wiped once the exchange ends, so it does not
+	// linger in the heap for the life of the service
+	password := cfg.Secret.Password()
+	defer clear(password)
+	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, password)
 	if err != nil {
 		return nil, err
+	}
+	// every wait for the listener is bounded: one that goes silent must
+	// not hold the agent for ever
+	setDeadline := func(d time.Duration) {
+		if ds, ok := str.(interface{ SetReadDeadline(time.Time) error }); ok {
+			_ = ds.SetReadDeadline(time.Now().Add(d))
+		}
 	}
 	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1}); err != nil {
 		return nil, &UnreachableError{err}
 	}
+	setDeadline(cfg.ResultTimeout)
 	var ch wire.Challenge
-	if err := wire.Read(str, &ch); err != nil {
-		if errors.Is(err, wire.ErrFrame) {
+	typ, body, err := wire.ReadFrame(str)
+	if err != nil {
+		return nil, &UnreachableError{err}
+	}
+	if typ == wire.TypeResult {
+		// a start refused before any KE2 (its source spent its budget of
+		// unproven starts): nothing was learnt or spent on the code
+		var res wire.Result
+		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused {
 			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 		}
-		return nil, &UnreachableError{err}
+		// Nothing authenticates the listener yet: only the retryable
+		// JOIN_RATE_LIMITED is taken from it here, so a fake listener
+		// cannot make the agent give up its code for good.
+		if res.Code != wire.CodeRateLimited {
+			return nil, &UnreachableError{fmt.Errorf("the listener refused the start (%s) before proving it holds the code's record", res.Code)}
+		}
+		r := refusal(&res)
+		r.RetryAfter = min(r.RetryAfter, maxRetryAfter)
+		return nil, r
+	}
+	if err := wire.Decode(typ, body, &ch); err != nil {
+		return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 	}
 	caChain, err := parseCerts(ch.CAChain)
 	if err != nil {
@@ -273,6 +314,8 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	if err := wire.Write(str, proof); err != nil {
 		return nil, &UnreachableError{err}
 	}
+	clear(password)
+	setDeadline(cfg.ResultTimeout)
 	for att := cfg.attestation; ; att = nil {
 		var res wire.Result
 		if err := readResult(str, att, &res); err != nil {
@@ -292,12 +335,23 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			if cfg.OnPending != nil {
 				cfg.OnPending(p)
 			}
+			if res.PendingFor > 0 {
+				setDeadline(time.Duration(res.PendingFor)*time.Second + time.Minute)
+			}
 			continue
 		case wire.StatusRefused:
-			return nil, &RefusedError{Code: res.Code, Message: res.Message}
+			return nil, refusal(&res)
 		}
 		return accept(&res, root, trustDomain, key, cfg)
 	}
+}
+
+// maxRetryAfter caps the wait a listener may ask for before it has proved
+// itself: the default budget window.
+const maxRetryAfter = 10 * time.Minute
+
+func refusal(res *wire.Result) *RefusedError {
+	return &RefusedError{Code: res.Code, Message: res.Message, RetryAfter: time.Duration(res.RetryAfter) * time.Second}
 }
 
 // accept checks a joined Result and stores the credentials.

@@ -23,6 +23,8 @@ type RenewConfig struct {
 	// accepts and then hangs cannot stall the service loop.
 	DialTimeout time.Duration
 	Timeout     time.Duration
+	// Dial overrides the QUIC dial (tests pick the source address).
+	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
 	// TPM locates the TPM that holds the node key when it is not where
 	// the node joined with (node.json's tpm).
 	TPM string
@@ -86,10 +88,16 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		},
 	}
 	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second}
+	dial := cfg.Dial
+	if dial == nil {
+		dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
+			return quic.DialAddr(ctx, ep, t, q)
+		}
+	}
 	conn, ep, err := dialFirst(ctx, endpointList(id.Endpoint, id.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 		defer cancel()
-		return quic.DialAddr(dctx, ep, tlsConf.Clone(), qconf.Clone())
+		return dial(dctx, ep, tlsConf.Clone(), qconf.Clone())
 	})
 	if err != nil {
 		return id, &UnreachableError{err}
@@ -124,7 +132,7 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		return id, &UnreachableError{err}
 	}
 	if res.Status != wire.StatusJoined {
-		return id, &RefusedError{Code: res.Code, Message: res.Message}
+		return id, refusal(&res)
 	}
 	newChain, err := parseCerts(res.CertChain)
 	if err != nil {

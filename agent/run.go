@@ -56,7 +56,18 @@ type RunConfig struct {
 	RenewConfig func(*RenewConfig)
 	// OnRetry, when set, is told of each wait before a join or renewal is
 	// tried again: attempt counts from 0, err is what failed.
-	OnRetry func(attempt int, wait time.Duration, err error) // TPM locates the TPM to keep the node key in (docs/tpm.md); "" for
+	OnRetry func(attempt int, wait time.Duration, err error)
+	// OnRenewal, when set, is told how each renewal attempt ended.
+	OnRenewal func(err error)
+	// Watchdog, when set with a positive WatchdogInterval, is called that
+	// often by the service loop itself (WATCHDOG=1 in production): from its
+	// waits, and while it waits for a join or renewal it started. The pings
+	// come from no goroutine of their own, so a loop that stops turning
+	// (a deadlock, a stopped process) stops them and systemd restarts it.
+	Watchdog         func()
+	WatchdogInterval time.Duration
+	lastPing         time.Time
+	// TPM locates the TPM to keep the node key in (docs/tpm.md); "" for
 	// a key file. A node that joined with a TPM renews with it.
 	TPM string
 }
@@ -141,7 +152,7 @@ func run(ctx context.Context, cfg *RunConfig) error {
 			wait = overdueWait(id, now, cfg.Rand())
 		}
 		cfg.Logger.Info("next renewal", "at", now.Add(wait).UTC().Format(time.RFC3339), "nodeId", id.NodeID)
-		if err := sleep(ctx, cfg.Clock, wait); err != nil {
+		if err := cfg.sleep(ctx, wait); err != nil {
 			return err
 		}
 		cfg.status("renewing")
@@ -195,15 +206,62 @@ func Backoff(n int, base, max time.Duration, r float64) time.Duration {
 	return time.Duration(r * float64(ceil))
 }
 
-func sleep(ctx context.Context, c Clock, d time.Duration) error {
+// sleep waits d or until ctx ends, pinging the watchdog meanwhile.
+func (c *RunConfig) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.After(d):
+	wake := c.Clock.After(d)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+			return nil
+		case <-c.tick():
+			c.ping()
+		}
+	}
+}
+
+// tick fires when the next watchdog ping is due, or never when there is
+// none. The pings keep one schedule across waits: a wait that starts its
+// own interval afresh could leave almost two intervals between pings.
+func (c *RunConfig) tick() <-chan time.Time {
+	if c.Watchdog == nil || c.WatchdogInterval <= 0 {
 		return nil
+	}
+	return c.Clock.After(c.lastPing.Add(c.WatchdogInterval).Sub(c.Clock.Now()))
+}
+
+// ping sends one watchdog ping and starts the next interval.
+func (c *RunConfig) ping() {
+	c.lastPing = c.Clock.Now()
+	c.Watchdog()
+}
+
+// await runs one join or renewal while the service loop goes on pinging
+// the watchdog, and returns what it returned. The step ends when ctx does.
+func await[T any](ctx context.Context, c *RunConfig, step func() (T, error)) (T, error) {
+	if c.Watchdog == nil || c.WatchdogInterval <= 0 {
+		return step()
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := step()
+		done <- result{v, err}
+	}()
+	for {
+		select {
+		case r := <-done:
+			return r.v, r.err
+		case <-c.tick():
+			c.ping()
+		}
 	}
 }
 
@@ -226,7 +284,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		cfg.status("joining " + cfg.Endpoint)
 		var facts wire.Facts
 		if cfg.Facts != nil {
-			if facts, err = cfg.Facts(ctx); err != nil {
+			if facts, err = await(ctx, cfg, func() (wire.Facts, error) { return cfg.Facts(ctx) }); err != nil {
 				return Identity{}, err
 			}
 		}
@@ -238,7 +296,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		if cfg.JoinConfig != nil {
 			cfg.JoinConfig(&jc)
 		}
-		j, err := Join(ctx, jc)
+		j, err := await(ctx, cfg, func() (*Joined, error) { return Join(ctx, jc) })
 		if err == nil {
 			return j.Identity, nil
 		}
@@ -258,12 +316,19 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 // retry reports a transient failure and waits before the next attempt.
 func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause error) error {
 	wait := Backoff(attempt, c.BackoffBase, c.BackoffMax, c.Rand())
+	// a listener that named a wait (JOIN_RATE_LIMITED) is not asked again
+	// sooner, with jitter on top so a fleet told the same does not return
+	// together
+	var r *RefusedError
+	if errors.As(cause, &r) && r.RetryAfter > 0 && wait < r.RetryAfter {
+		wait = r.RetryAfter + time.Duration(c.Rand()*float64(r.RetryAfter)/4)
+	}
 	c.Logger.Warn(what+" failed, retrying", "err", cause, "in", wait, "attempt", attempt+1)
 	_ = c.Notifier.Status(fmt.Sprintf("%s failed, retrying in %s: %v", what, wait.Round(time.Millisecond), cause))
 	if c.OnRetry != nil {
 		c.OnRetry(attempt, wait, cause)
 	}
-	return sleep(ctx, c.Clock, wait)
+	return c.sleep(ctx, wait)
 }
 
 func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
@@ -273,7 +338,10 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		if cfg.RenewConfig != nil {
 			cfg.RenewConfig(&rc)
 		}
-		id, err := Renew(ctx, rc)
+		id, err := await(ctx, cfg, func() (Identity, error) { return Renew(ctx, rc) })
+		if cfg.OnRenewal != nil && ctx.Err() == nil {
+			cfg.OnRenewal(err)
+		}
 		if err == nil {
 			return id, nil
 		}
@@ -296,7 +364,7 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		var r *RefusedError
 		var local *localError
 		switch {
-		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked || r.Code == wire.CodeCertInvalid):
+		case errors.As(err, &r) && (r.Code == wire.CodeNodeUnknown || r.Code == wire.CodeNodeRevoked || r.Code == wire.CodeCertInvalid || r.Code == wire.CodeCertExpired):
 			cfg.status("refused: " + r.Message)
 			return id, fmt.Errorf("%w: %w", ErrNeedsNewCode, err)
 		case r != nil && !r.Retryable():

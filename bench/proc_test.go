@@ -49,6 +49,9 @@ func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 		b.Fatalf("init: %v %s", err, out)
 	}
 	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "warn")
+	// the other benchmarks measure one address doing many exchanges: lift
+	// the per-source budget and share unless serveArgs set them again
+	p.cmd.Args = append(p.cmd.Args, "--unproven-per-source=-1", "--connections-per-source=-1")
 	p.cmd.Args = append(p.cmd.Args, serveArgs...)
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {

@@ -20,7 +20,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -29,11 +28,12 @@ import (
 	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
 
 // DefaultPort is the join listener's UDP port.
-const DefaultPort = "9444"
+const DefaultPort = wire.DefaultPort
 
 // Settings are pinned at init in listener.json.
 type Settings struct {
@@ -84,6 +84,10 @@ type InitConfig struct {
 	KEKFile string
 }
 
+// ErrNotInitialized means the data directory holds no listener: init
+// never ran there.
+var ErrNotInitialized = errors.New("is not initialized")
+
 // ErrAlreadyInitialized means the data directory holds a listener.
 var ErrAlreadyInitialized = errors.New("data directory is already initialized")
 
@@ -98,10 +102,12 @@ func Init(ctx context.Context, cfg InitConfig) (*pki.CA, error) {
 	if len(cfg.Endpoints) == 0 {
 		cfg.Endpoints = []string{"127.0.0.1:" + DefaultPort}
 	}
-	for _, ep := range cfg.Endpoints {
-		if _, _, err := net.SplitHostPort(ep); err != nil {
-			return nil, fmt.Errorf("init: endpoint %q is not host:port: %w", ep, err)
+	for i, ep := range cfg.Endpoints {
+		full, err := wire.Endpoint(ep)
+		if err != nil {
+			return nil, fmt.Errorf("init: --endpoint: %w", err)
 		}
+		cfg.Endpoints[i] = full
 	}
 	if cfg.Now.IsZero() {
 		cfg.Now = time.Now()
@@ -306,7 +312,7 @@ func LoadSettings(dataDir string) (Settings, error) {
 	var s Settings
 	b, err := os.ReadFile(filepath.Join(dataDir, settingsFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return s, fmt.Errorf("%s is not initialized: run `stratum-listener init --data %s` first", dataDir, dataDir)
+		return s, fmt.Errorf("%s %w: run `stratum-listener init --data %s` first", dataDir, ErrNotInitialized, dataDir)
 	}
 	if err != nil {
 		return s, fmt.Errorf("read settings: %w", err)

@@ -2,7 +2,11 @@ package listener
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,7 +78,21 @@ func (l *Listener) serveHTTPS(ctx context.Context) (*httpsServer, error) {
 	l.mu.Lock()
 	l.httpsAddr = ln.Addr()
 	l.mu.Unlock()
-	l.logger.Info("admin api https listening", "addr", ln.Addr().String())
+	getCert := func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		l.mu.RLock()
+		defer l.mu.RUnlock()
+		c := l.tlsCert
+		return &c, nil
+	}
+	if len(l.cfg.HTTPSNames) > 0 {
+		cert, err := l.httpsCert()
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	l.logger.Info("admin api https listening", "addr", ln.Addr().String(), "extraNames", l.cfg.HTTPSNames)
 	srv := &http.Server{
 		Handler:           l.adminAPI(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -82,14 +100,45 @@ func (l *Listener) serveHTTPS(ctx context.Context) (*httpsServer, error) {
 		ErrorLog:          slog.NewLogLogger(l.logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		TLSConfig: &tls.Config{
-			MinVersion: tls.VersionTLS13,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				l.mu.RLock()
-				defer l.mu.RUnlock()
-				c := l.tlsCert
-				return &c, nil
-			},
+			MinVersion:     tls.VersionTLS13,
+			GetCertificate: getCert,
 		},
 	}
 	return &httpsServer{srv: srv, ln: ln}, nil
+}
+
+// httpsCert issues, in memory and at start, a certificate for the HTTPS
+// admin API with the listener certificate's names plus --https-name.
+func (l *Listener) httpsCert() (*tls.Certificate, error) {
+	l.mu.RLock()
+	ca, base := l.ca, l.tlsCert.Leaf
+	l.mu.RUnlock()
+	if base == nil {
+		return nil, errors.New("admin https: the listener certificate is not loaded")
+	}
+	dns, ips := append([]string(nil), base.DNSNames...), append([]net.IP(nil), base.IPAddresses...)
+	for _, n := range l.cfg.HTTPSNames {
+		if ip := net.ParseIP(n); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, n)
+		}
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("admin https: %w", err)
+	}
+	der, err := ca.IssueListener(key.Public(), l.settings.TrustDomain, dns, ips, l.now())
+	if err != nil {
+		return nil, fmt.Errorf("admin https: --https-name: %w", err)
+	}
+	chain := [][]byte{der}
+	for _, c := range ca.Intermediates() {
+		chain = append(chain, c.Raw)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("admin https: %w", err)
+	}
+	return &tls.Certificate{Certificate: chain, PrivateKey: key, Leaf: leaf}, nil
 }

@@ -42,15 +42,21 @@ const (
 // connection carrying it. It returns the QUIC application code to close
 // the connection with.
 func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (closeCode quic.ApplicationErrorCode, err error) {
+	rep := l.startJoin(ctx)
+	defer func() { rep.end(closeCode, err) }()
 	str.SetReadDeadline(time.Now().Add(helloTimeout))
 	var hello wire.Hello
 	if err := wire.Read(str, &hello); err != nil {
 		return errCodeProtocol, fmt.Errorf("read hello: %w", err)
 	}
+	rep.phase("hello")
 
 	// Unknown and inactive locators cost one durable write too (see
 	// cluster.standIn), so the Challenge's timing does not tell them apart.
+	t0 := time.Now()
 	att, err := l.beginAttempt(ctx, hello.Locator)
+	l.metrics.storeOp("begin_attempt", t0, err)
+	rep.attempt(att)
 	if err != nil {
 		// the count's outcome is unknown: it counts as spent, and nothing
 		// is answered
@@ -85,30 +91,38 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	if err := wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: caChain, KSF: ksf}); err != nil {
 		return errCodeProtocol, err
 	}
+	rep.phase("challenge")
 
 	str.SetReadDeadline(time.Now().Add(proofTimeout))
 	var proof wire.Proof
 	if err := wire.Read(str, &proof); err != nil {
 		// a wrong code: the agent sends nothing more; the attempt stays counted
+		if agentRefusedKE2(err) {
+			rep.failedProof(att)
+		}
 		l.abandon(att)
 		return errCodeNotProof, fmt.Errorf("read proof: %w", err)
 	}
 	if h := l.cfg.Hooks.Proof; h != nil {
 		h(hello.Locator)
 	}
+	rep.phase("proof")
 	if record == nil {
+		rep.failedProof(att)
 		return errCodeNotProof, pake.ErrNotAccepted
 	}
 	if err := login.Finish(proof.KE3); err != nil {
+		rep.failedProof(att)
 		l.abandon(att)
 		return errCodeNotProof, err
 	}
 	str.SetReadDeadline(time.Time{})
+	l.refundProven(ctx) // a proven start gives its source's budget back
 
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
 	if err != nil {
-		l.abandon(att)
-		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+		l.uncount(att) // proven: not a failed guess
+		return errCodeDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
 	// Only the holder of the CSR's key may make, resume or replace a join
 	// for that key: a pending join is found by the key's fingerprint, and
@@ -126,6 +140,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		NewNodeID:  pki.NodeID,
 		Issue:      l.issuer(proof.CSR),
 		RequireTPM: l.poolRequiresTPM(att.Secret.Pool),
+		Remote:     rep.remote,
 		SAS: func(joinID string) string {
 			sas, _ := login.SAS(joinID) // KE3 verified above
 			return sas
@@ -149,35 +164,43 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	}
 	announced := false
 	for {
+		t0 := time.Now()
 		out, err := l.cluster.Prove(ctx, req)
+		l.metrics.storeOp("prove", t0, err)
+		rep.phase("prove")
 		if req.Attempt.Counted {
 			l.leaseQueue.release(req.Attempt.Secret.ID) // proven or not, its lease is gone
 		}
 		if errors.Is(err, pki.ErrInvalidCSR) {
-			l.abandon(req.Attempt)
-			return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+			l.uncount(req.Attempt)
+			return errCodeDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 		}
 		if err != nil {
-			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the join; try again"})
+			_ = rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the join; try again"})
 			return errCodeInternal, err
 		}
 		if out.Status != wire.StatusPending {
-			return errCodeDone, wire.Write(str, l.result(out))
+			return errCodeDone, rep.write(str, l.result(out))
 		}
 		// Announce once per connection, a resumed join too (its attempt
 		// may not have been counted: a code whose last use it holds is no
 		// longer live); later rounds only poll.
 		if !announced {
-			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, SAS: out.Join.SAS, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
+			pendingFor := int64(time.Until(deadline) / time.Second)
+			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, SAS: out.Join.SAS, PendingFor: pendingFor, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
 				return errCodeProtocol, err
 			}
 			announced = true
 		}
 		req.Attempt.Counted = false
-		if err := l.waitDecision(waitCtx, out.Join.ID, deadline); errors.Is(err, errStoreWait) {
-			_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener cannot reach its store; the join stays pending, try again"})
+		l.metrics.pending.Inc()
+		err = l.waitDecision(waitCtx, out.Join.ID, deadline)
+		l.metrics.pending.Dec()
+		if errors.Is(err, errStoreWait) {
+			_ = rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener cannot reach its store; the join stays pending, try again"})
 			return errCodeDone, err
 		} else if err != nil {
+			rep.outcome = outcomePending
 			return errCodeDone, err
 		}
 	}
@@ -339,6 +362,18 @@ func (q *leaseQueue) release(secretID string) {
 		delete(q.waiting, secretID)
 	} else {
 		q.waiting[secretID] = w[1:]
+	}
+}
+
+// uncount takes back a proven attempt that ends without Prove committing.
+func (l *Listener) uncount(att cluster.Attempt) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.cluster.Uncount(ctx, att); err != nil {
+		l.logger.Warn("take back proven attempt", "err", err)
+	}
+	if att.Counted {
+		l.leaseQueue.release(att.Secret.ID)
 	}
 }
 

@@ -124,7 +124,8 @@ func TestListenerDecidesCertificateNames(t *testing.T) {
 
 func TestWrongCodeBurnsAfterTen(t *testing.T) {
 	var real, counted, proofs atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+	// every guess comes from one address: lift its budget of unproven starts
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1, Hooks: listener.Hooks{
 		Challenge: func(_ string, r, c bool) {
 			if r && c {
 				counted.Add(1)
@@ -188,7 +189,7 @@ func countEvents(evs []cluster.Event, typ string) int {
 
 func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
 	var counted, uncounted atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1, PerSourceConnections: -1, Hooks: listener.Hooks{
 		Challenge: func(_ string, r, c bool) {
 			switch {
 			case r && c:
@@ -229,7 +230,9 @@ func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
 func TestMaxUsesUnderRace(t *testing.T) {
 	for _, max := range []int{1, 3} {
 		t.Run("max"+string(rune('0'+max)), func(t *testing.T) {
-			l := listenertest.Start(t, listenertest.Options{})
+			// 50 holders from one address at once: under -race more of them
+			// wait for a refund than --budget-wait allows, so lift the budget
+			l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1}})
 			sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(max)})
 			var wg sync.WaitGroup
 			var joined, usedUp atomic.Int32

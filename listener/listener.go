@@ -57,6 +57,31 @@ type Config struct {
 	// 2048); past it new ones are refused and agents back off and retry,
 	// so the listener's memory stays bounded under a herd.
 	MaxConnections int
+	// MaxRenewals bounds the renewal connections (ALPN stratum-node/1)
+	// served at once, apart from joins (default 512), so a join flood
+	// never shuts renewals out.
+	MaxRenewals int
+	// PerSourceConnections is one source address's share of the
+	// connections in flight (default 64; negative: no share).
+	PerSourceConnections int
+	// FirstStream is how long a connection may go without opening its
+	// stream before it is closed (default 5s).
+	FirstStream time.Duration
+	// UnprovenPerSource and UnprovenPerPrefix are the budget of unproven
+	// join starts per BudgetWindow of one address and of its /24 or /64
+	// (defaults 8, 32 and 10m; UnprovenPerSource negative lifts the
+	// budget, for tests and benchmarks that guess from one address).
+	UnprovenPerSource int
+	UnprovenPerPrefix int
+	BudgetWindow      time.Duration
+	// BudgetWait is how long a start over its source's budget waits for a
+	// proven start of the same source to give its charge back before it
+	// is told to come back later (default 10s), so machines behind one NAT
+	// that join at once queue instead of failing.
+	BudgetWait time.Duration
+	// RenewGrace is how long after its expiry a node certificate still
+	// renews (default 96h); later the node needs a new code.
+	RenewGrace time.Duration
 	// Ready is called once the store is open and the sockets listen.
 	Ready func(addr net.Addr)
 	// Hooks observe the protocol in tests.
@@ -69,6 +94,16 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// HTTPSNames are extra DNS names or IP addresses for the HTTPS admin
+	// certificate (the join endpoints' names are always in it).
+	HTTPSNames []string
+	// MetricsListen is the TCP address of /metrics, /healthz and /readyz
+	// ("" = none); MetricsListener, when set, is used instead.
+	MetricsListen   string
+	MetricsListener net.Listener
+	// StoreHealth, when set, answers /readyz's store check instead of a
+	// read of the store (a store that tracks its own health sets it).
+	StoreHealth func(ctx context.Context) error
 	// TPMRoots are the TPM manufacturer certificates EK certificates must
 	// chain to (serve --tpm-ca-dir); without them an attested EK is an
 	// identity to pin, not proof of a genuine TPM (docs/tpm.md).
@@ -118,9 +153,14 @@ type Listener struct {
 	tpm        *tpm.Verifier
 	limiters   sourceLimiters
 	leaseQueue leaseQueue
+	adm        admission
 	active     atomic.Int64 // connections being served
 
 	addr net.Addr
+
+	metrics       *metrics
+	metricsAddr   net.Addr
+	proofFailures proofFailures
 
 	apiOnce   sync.Once
 	api       *adminapi.Server
@@ -141,6 +181,30 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = 2048
 	}
+	if cfg.MaxRenewals == 0 {
+		cfg.MaxRenewals = defaultMaxRenewals
+	}
+	if cfg.PerSourceConnections == 0 {
+		cfg.PerSourceConnections = defaultPerSourceConnections
+	}
+	if cfg.FirstStream == 0 {
+		cfg.FirstStream = defaultFirstStream
+	}
+	if cfg.UnprovenPerSource == 0 {
+		cfg.UnprovenPerSource = cluster.DefaultBudget.PerAddress
+	}
+	if cfg.UnprovenPerPrefix == 0 {
+		cfg.UnprovenPerPrefix = cluster.DefaultBudget.PerPrefix
+	}
+	if cfg.BudgetWindow == 0 {
+		cfg.BudgetWindow = cluster.DefaultBudget.Window
+	}
+	if cfg.BudgetWait == 0 {
+		cfg.BudgetWait = defaultBudgetWait
+	}
+	if cfg.RenewGrace == 0 {
+		cfg.RenewGrace = defaultRenewGrace
+	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -152,6 +216,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
+	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL
@@ -376,17 +441,23 @@ func (l *Listener) Run(ctx context.Context) error {
 	resetKey := quic.StatelessResetKey(resetRaw)
 	tokenKey := quic.TokenGeneratorKey(tokenRaw)
 	tr := &quic.Transport{
-		Conn:                pc,
-		StatelessResetKey:   &resetKey,
-		TokenGeneratorKey:   &tokenKey,
-		VerifySourceAddress: l.limiters.overRate,
+		Conn:              pc,
+		StatelessResetKey: &resetKey,
+		TokenGeneratorKey: &tokenKey,
+		VerifySourceAddress: func(addr net.Addr) bool {
+			retry := l.limiters.overRate(addr)
+			if retry {
+				l.metrics.retries.Inc()
+			}
+			return retry
+		},
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
-			if l.active.Load() >= int64(l.cfg.MaxConnections) {
-				return nil, errTooManyConnections
+			ctx, err := l.admit(ctx, ci)
+			if err != nil {
+				l.metrics.conns.WithLabelValues("refused").Inc()
+				return nil, err
 			}
-			if h := l.cfg.Hooks.Accept; h != nil {
-				h(ci.AddrVerified)
-			}
+			l.metrics.conns.WithLabelValues("accepted").Inc()
 			return ctx, nil
 		},
 	}
@@ -396,8 +467,11 @@ func (l *Listener) Run(ctx context.Context) error {
 		MaxIdleTimeout:        30 * time.Second,
 		MaxIncomingStreams:    4,
 		MaxIncomingUniStreams: -1,
-		KeepAlivePeriod:       10 * time.Second,
-		Allow0RTT:             false,
+		// No keepalive from the listener: a connection that does nothing
+		// must not be held open by its peer's server. The agent keeps a
+		// pending join alive itself.
+		KeepAlivePeriod: 0,
+		Allow0RTT:       false,
 	})
 	if err != nil {
 		return fmt.Errorf("quic listen: %w", err)
@@ -438,6 +512,24 @@ func (l *Listener) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	if ml := l.cfg.MetricsListener; ml != nil || l.cfg.MetricsListen != "" {
+		if ml == nil {
+			if ml, err = net.Listen("tcp", l.cfg.MetricsListen); err != nil {
+				return fmt.Errorf("metrics listen %s: %w", l.cfg.MetricsListen, err)
+			}
+		}
+		l.mu.Lock()
+		l.metricsAddr = ml.Addr()
+		l.mu.Unlock()
+		go l.serveMetrics(ctx, ml)
+	}
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		l.runFailureFlush(ctx)
+	}()
+	// before the store closes: the last failed proofs become events
+	defer func() { <-flushed }()
 	l.logger.Info("listening", "addr", l.addr.String(), "trustDomain", l.settings.TrustDomain, "caFingerprint", l.caFP)
 	if l.cfg.Ready != nil {
 		l.cfg.Ready(l.addr)
@@ -448,6 +540,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		l.watchKeys(gctx)
+		return nil
+	})
+	g.Go(func() error {
+		l.sweepBudgets(gctx)
 		return nil
 	})
 	g.Go(func() error {
@@ -498,6 +594,7 @@ const (
 	errCodeInternal quic.ApplicationErrorCode = 0x103
 	errCodeAuth     quic.ApplicationErrorCode = 0x104
 	errCodeShutdown quic.ApplicationErrorCode = 0x105
+	errCodeBusy     quic.ApplicationErrorCode = 0x106
 )
 
 var errTooManyConnections = errors.New("too many connections")
@@ -510,49 +607,73 @@ const resultGrace = 30 * time.Second
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	l.active.Add(1)
 	defer l.active.Add(-1)
+	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
+	alpn := cs.TLS.NegotiatedProtocol
+	release, ok := l.slot(alpn)
+	if !ok {
+		conn.CloseWithError(errCodeBusy, "too many connections; try again later")
+		return
+	}
+	defer release()
 	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(errCodeShutdown, "listener shutting down") })
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	str, err := conn.AcceptStream(ctx)
+	// a connection earns its slot by opening its stream at once
+	sctx, scancel := context.WithTimeout(ctx, l.cfg.FirstStream)
+	str, err := conn.AcceptStream(sctx)
+	scancel()
 	if err != nil {
 		conn.CloseWithError(errCodeProtocol, "no stream")
 		return
 	}
-	switch cs.TLS.NegotiatedProtocol {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	var code quic.ApplicationErrorCode
+	switch alpn {
 	case wire.ALPNJoin:
-		exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
-		if err != nil {
-			conn.CloseWithError(errCodeInternal, "")
-			return
-		}
-		code, err := l.Join(ctx, str, exporter)
-		if err != nil {
-			l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
-		}
-		str.Close()
-		// give the agent time to read the last frame before closing
-		if code == errCodeDone {
-			select {
-			case <-conn.Context().Done():
-			case <-time.After(resultGrace):
-			}
-		}
-		conn.CloseWithError(code, "")
+		code = l.serveJoin(ctx, conn, str, cs)
 	case wire.ALPNNode:
-		code := l.renew(ctx, str, cs.TLS.PeerCertificates)
-		str.Close()
-		if code == errCodeDone {
-			select {
-			case <-conn.Context().Done():
-			case <-time.After(resultGrace):
-			}
-		}
-		conn.CloseWithError(code, "")
+		code = l.renew(ctx, str, cs.TLS.PeerCertificates)
 	default:
 		conn.CloseWithError(errCodeProtocol, "")
+		return
 	}
+	str.Close()
+	// give the agent time to read the last frame before closing
+	if code == errCodeDone {
+		select {
+		case <-conn.Context().Done():
+		case <-time.After(resultGrace):
+		}
+	}
+	conn.CloseWithError(code, "")
+}
+
+func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Stream, cs quic.ConnectionState) quic.ApplicationErrorCode {
+	exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	if err != nil {
+		return errCodeInternal
+	}
+	ctx, after, ok, err := l.chargeStart(ctx, sourceAddr(conn.RemoteAddr()))
+	if err != nil {
+		// the budget could not be read: answer nothing, as for a count
+		// whose outcome is unknown
+		l.logger.Debug("charge start", "remote", conn.RemoteAddr().String(), "err", err)
+		return errCodeInternal
+	}
+	if !ok {
+		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
+		l.metrics.refusals.WithLabelValues(wire.CodeRateLimited).Inc()
+		if err := rateLimited(str, after); err != nil {
+			return errCodeProtocol
+		}
+		return errCodeDone
+	}
+	code, err := l.Join(ctx, str, exporter)
+	if err != nil {
+		l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
+	}
+	return code
 }
 
 // sourceLimiters asks sources that open connections faster than

@@ -29,6 +29,8 @@ type rawJoin struct {
 	Facts wire.Facts
 	// StopAfterChallenge sends nothing after reading the Challenge.
 	StopAfterChallenge bool
+	// StopAtPending returns at the first pending Result.
+	StopAtPending bool
 	// TPM is sent in the Proof; OnTPM answers the listener's TPM
 	// challenge (nil: send nothing more).
 	TPM   *wire.TPMClaim
@@ -78,6 +80,14 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 		return out, err
 	}
 	out.ChallengeSize = 5 + len(body)
+	if typ == wire.TypeResult { // refused before any KE2
+		var res wire.Result
+		if err := wire.Decode(typ, body, &res); err != nil {
+			return out, err
+		}
+		out.Results = append(out.Results, res)
+		return out, nil
+	}
 	if err := wire.Decode(typ, body, &out.Challenge); err != nil {
 		return out, err
 	}
@@ -126,7 +136,7 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 			return out, err
 		}
 		out.Results = append(out.Results, res)
-		if res.Status != wire.StatusPending {
+		if res.Status != wire.StatusPending || r.StopAtPending {
 			return out, nil
 		}
 	}

@@ -20,7 +20,7 @@ import (
 func (l *Listener) renew(ctx context.Context, str Stream, peer []*x509.Certificate) quic.ApplicationErrorCode {
 	code, err := l.Renew(ctx, str, peer)
 	if err != nil {
-		l.logger.Debug("renewal ended", "err", err)
+		l.logger.Info("renewal failed", "remote", remoteAddr(ctx), "err", err)
 	}
 	return code
 }
@@ -37,7 +37,9 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 		if err := wire.Read(str, &req); err != nil {
 			return errCodeAuth, fmt.Errorf("%s: %w", msg, cause)
 		}
-		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"})
+		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"}
+		l.metrics.renewal(res, nil)
+		_ = wire.Write(str, res)
 		return errCodeDone, fmt.Errorf("%s: %w", msg, cause)
 	}
 	if len(peer) == 0 {
@@ -46,6 +48,13 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	raw := certsDER(peer)
 	roots := l.Roots()
 	leaf, err := pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, l.now())
+	if err != nil && l.now().After(peer[0].NotAfter.Add(l.cfg.RenewGrace)) {
+		// expired longer ago than the grace: a machine switched off over a
+		// long weekend renews, a decommissioned one needs a new code
+		if verr := l.verifiesBeforeExpiry(raw, roots, peer[0]); verr == nil {
+			return l.refuseExpired(str, peer[0].NotAfter)
+		}
+	}
 	if err != nil && l.now().After(peer[0].NotAfter) {
 		// verify as of just before it expired
 		leaf, err = pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, peer[0].NotAfter.Add(-time.Second))
@@ -64,13 +73,43 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	}
 	csr, err := x509.ParseCertificateRequest(req.CSR)
 	if err != nil || csr.CheckSignature() != nil {
-		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"}
+		l.metrics.renewal(res, nil)
+		return errCodeDone, wire.Write(str, res)
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+	t0 := time.Now()
 	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(req.CSR)})
+	l.metrics.storeOp("renew", t0, err)
+	if errors.Is(err, pki.ErrInvalidCSR) {
+		// a weak key or a type we do not accept: named, and read by the
+		// agent before the connection closes
+		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request's key is not one this cluster accepts: " + err.Error()}
+		l.metrics.renewal(res, nil)
+		return errCodeDone, wire.Write(str, res)
+	}
 	if err != nil {
+		l.metrics.renewal(nil, err)
 		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the renewal; try again"})
 		return errCodeInternal, err
 	}
-	return errCodeDone, wire.Write(str, l.result(out))
+	res := l.result(out)
+	l.metrics.renewal(res, nil)
+	return errCodeDone, wire.Write(str, res)
+}
+
+func (l *Listener) verifiesBeforeExpiry(raw [][]byte, roots []*x509.Certificate, leaf *x509.Certificate) error {
+	_, err := pki.VerifyNodeChain(raw, roots, l.settings.TrustDomain, leaf.NotAfter.Add(-time.Second))
+	return err
+}
+
+// refuseExpired reads the request and refuses it NODE_CERT_EXPIRED.
+func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (quic.ApplicationErrorCode, error) {
+	str.SetReadDeadline(time.Now().Add(helloTimeout))
+	var req wire.Renew
+	if err := wire.Read(str, &req); err != nil {
+		return errCodeAuth, fmt.Errorf("read renew: %w", err)
+	}
+	msg := fmt.Sprintf("this node's certificate expired at %s, longer ago than the %s this cluster renews after expiry; join it again with a new code", notAfter.UTC().Format(time.RFC3339), l.cfg.RenewGrace)
+	return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertExpired, Message: msg})
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -131,15 +132,33 @@ func TestRenewIssuesFreshCertificate(t *testing.T) {
 
 // TestRenewAcceptsCertificateThatExpired: a machine that was off past its
 // certificate's expiry renews with it while the listener knows the node.
-func TestRenewAcceptsCertificateThatExpired(t *testing.T) {
+func TestRenewAcceptsCertificateThatExpiredWithinGrace(t *testing.T) {
 	f := joinedNode(t, wire.Facts{})
-	f.clock.Advance(40 * 24 * time.Hour)
+	// the default grace is 96h: a machine off over a long weekend
+	f.clock.Advance(f.id.NotAfter.Sub(f.clock.Now()) + 96*time.Hour - time.Minute)
 	id, err := f.renew()
 	if err != nil {
-		t.Fatalf("renew with a certificate expired a month ago: %v", err)
+		t.Fatalf("renew with a certificate expired just under 96h ago: %v", err)
 	}
 	if !id.NotAfter.After(f.clock.Now()) || id.NodeID != f.id.NodeID {
 		t.Fatalf("renewed %+v", id)
+	}
+}
+
+// TestRenewRefusesCertificateExpiredBeyondGrace: a certificate that
+// expired longer ago than the grace is refused NODE_CERT_EXPIRED, saying
+// the node needs a new code, and the node record is left as it was.
+func TestRenewRefusesCertificateExpiredBeyondGrace(t *testing.T) {
+	f := joinedNode(t, wire.Facts{})
+	f.clock.Advance(f.id.NotAfter.Sub(f.clock.Now()) + 96*time.Hour + time.Minute)
+	_, err := f.renew()
+	var refused *agent.RefusedError
+	if !errors.As(err, &refused) || refused.Code != wire.CodeCertExpired || !strings.Contains(refused.Message, "new code") {
+		t.Fatalf("renew past the grace: %v, want NODE_CERT_EXPIRED asking for a new code", err)
+	}
+	n, err := f.l.Admin.Node(context.Background(), f.id.NodeID)
+	if err != nil || n.RenewedAt != nil || !n.NotAfter.Equal(f.id.NotAfter) {
+		t.Fatalf("node record after a refused renewal: %+v %v", n, err)
 	}
 }
 

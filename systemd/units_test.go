@@ -56,6 +56,13 @@ func newRoot(t *testing.T, units map[string][]byte) string {
 			t.Fatal(err)
 		}
 	}
+	// ExecStartPost= of the agent removes the join code with /bin/rm
+	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "rm"), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return root
 }
 
@@ -184,6 +191,7 @@ func TestUnitContract(t *testing.T) {
 		{"stratum-agent.service", "Service", "StateDirectoryMode", []string{"0700"}},
 		{"stratum-agent.service", "Service", "LoadCredential", []string{"join-code:/etc/stratum/join-code"}},
 		{"stratum-agent.service", "Service", "SetCredential", []string{`join-code:\n`}},
+		{"stratum-agent.service", "Service", "ExecStartPost", []string{"+/bin/rm -f /etc/stratum/join-code"}},
 		{"stratum-agent.service", "Service", "TimeoutStartSec", []string{"infinity"}},
 		{"stratum-agent.service", "Service", "DynamicUser", []string{"yes"}},
 		{"stratum-agent.service", "Service", "CapabilityBoundingSet", []string{"CAP_DAC_READ_SEARCH"}},
@@ -191,17 +199,31 @@ func TestUnitContract(t *testing.T) {
 		{"stratum-agent.service", "Service", "Restart", []string{"on-failure"}},
 		{"stratum-agent.service", "Service", "RestartPreventExitStatus", []string{"1 2"}},
 		{"stratum-agent.service", "Service", "WatchdogSec", []string{"60s"}},
-		{"stratum-agent.service", "Unit", "After", []string{"network-online.target"}},
+		{"stratum-agent.service", "Unit", "After", []string{"network-online.target", "sysinit.target basic.target"}},
 		{"stratum-agent.service", "Unit", "Wants", []string{"network-online.target"}},
 		{"stratum-agent.service", "Install", "WantedBy", []string{"multi-user.target"}},
+		// multi-user.target must not be ordered after an agent waiting to join
+		{"stratum-agent.service", "Unit", "DefaultDependencies", []string{"no"}},
+		{"stratum-agent.service", "Unit", "Before", []string{"shutdown.target"}},
+		{"stratum-agent.service", "Unit", "Conflicts", []string{"shutdown.target"}},
+		// a panic or the watchdog's SIGABRT dies by signal, and is restarted
+		{"stratum-agent.service", "Service", "Environment", []string{"GOTRACEBACK=crash"}},
+		{"stratum-agent.service", "Service", "EnvironmentFile", []string{"-/etc/stratum/agent.env"}},
+		{"stratum-listener.service", "Service", "Environment", []string{"GOTRACEBACK=crash"}},
+		{"stratum-listener.service", "Service", "EnvironmentFile", []string{"-/etc/stratum/listener.env"}},
+		{"stratum-listener.service", "Service", "Restart", []string{"on-failure"}},
+		{"stratum-listener.service", "Service", "RestartPreventExitStatus", []string{"2"}},
 		{"stratum-listener.service", "Service", "Type", []string{"notify"}},
 		{"stratum-listener.service", "Service", "ExecStart", []string{"/usr/local/bin/stratum-listener serve --data /var/lib/stratum-listener --admin-socket /run/stratum/admin.sock"}},
 		{"stratum-listener.service", "Service", "StateDirectoryMode", []string{"0700"}},
 		{"stratum-listener.service", "Service", "Sockets", []string{"stratum-listener.socket stratum-listener-admin.socket"}},
 		{"stratum-listener.service", "Service", "CapabilityBoundingSet", []string{""}},
 		{"stratum-listener.service", "Service", "DynamicUser", []string{"yes"}},
+		{"stratum-agent.service", "Service", "LimitCORE", []string{"0"}},
+		{"stratum-listener.service", "Service", "LimitCORE", []string{"0"}},
 		{"stratum-listener.service", "Unit", "Requires", []string{"stratum-listener.socket stratum-listener-admin.socket"}},
-		{"stratum-listener.socket", "Socket", "ListenDatagram", []string{"0.0.0.0:9444"}},
+		{"stratum-listener.socket", "Socket", "ListenDatagram", []string{"9444"}},
+		{"stratum-listener.socket", "Socket", "BindIPv6Only", []string{"both"}},
 		{"stratum-listener.socket", "Socket", "FileDescriptorName", []string{QUICSocketName}},
 		{"stratum-listener.socket", "Socket", "Service", []string{"stratum-listener.service"}},
 		{"stratum-listener.socket", "Socket", "ReceiveBuffer", []string{"7M"}},

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -17,8 +19,10 @@ import (
 
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/hwid"
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
 	"github.com/stratumjoin/stratum/systemd"
 )
 
@@ -35,6 +39,8 @@ func usage(format string, a ...any) error {
 	return &exitError{2, fmt.Errorf(format, a...)}
 }
 
+// exitCode is the exit contract (docs/operations.md): 2 usage or a cause
+// no retry fixes on this machine, 1 refused for good, 3 transient.
 func exitCode(err error) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
@@ -42,13 +48,16 @@ func exitCode(err error) int {
 	}
 	var unreachable *agent.UnreachableError
 	if errors.As(err, &unreachable) {
-		return 3
+		return cli.ExitTransient
 	}
 	var refused *agent.RefusedError
 	if errors.As(err, &refused) && refused.Retryable() {
-		return 3
+		return cli.ExitTransient
 	}
-	return 1
+	if errors.Is(err, fs.ErrPermission) {
+		return cli.ExitUsage
+	}
+	return cli.ExitRefused
 }
 
 var jsonOut bool
@@ -62,7 +71,10 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand(), renewCommand())
+	cli.AddVersion(root, &jsonOut)
+	cli.AddDocs(root)
+	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
 	return root
 }
 
@@ -154,10 +166,20 @@ func joinCommand() *cobra.Command {
 			if len(eps) == 0 {
 				eps = agent.SplitEndpoints(os.Getenv("STRATUM_ENDPOINT"))
 			}
+			if cfg.CAFingerprint == "" {
+				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
+			}
+			if err := checkTargets(eps, cfg.CAFingerprint, "--endpoint (or STRATUM_ENDPOINT) is required"); err != nil {
+				return err
+			}
 			if len(eps) == 0 {
 				return usage("--endpoint (or STRATUM_ENDPOINT) is required")
 			}
 			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
+			// no core dump or ptrace peer may see the code
+			if err := agent.ProtectSecrets(); err != nil {
+				return err
+			}
 			sec, err := readSecret(cmd, code, codeFile)
 			if err != nil {
 				return err
@@ -180,7 +202,7 @@ func joinCommand() *cobra.Command {
 			}
 			j, err := agent.Join(cmd.Context(), cfg)
 			if err != nil {
-				shown := explainKind(err, sec.Kind.String())
+				shown := explainKind(err, cfg.Endpoint, sec.Kind.String())
 				if jsonOut {
 					_ = printJSON(cmd.OutOrStdout(), refusalView(err, shown, sec))
 				}
@@ -189,23 +211,45 @@ func joinCommand() *cobra.Command {
 			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
 		},
 	}
-	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host:port; repeat it (or separate by commas) for every listener of the cluster: the agent fails over to the next when one is down")
+	cmd.Flags().StringArrayVar(&endpoints, "endpoint", nil, "a join listener, host[:port] (port 9444 unless given); repeat it (or separate by commas) for every listener of the cluster: the agent fails over to the next when one is down (default $STRATUM_ENDPOINT)")
 	cmd.Flags().StringVar(&code, "code", "", "the join code; - reads it from stdin (on the command line, ps shows it)")
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "read the join code from this file")
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
-	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another")
+	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another (default $STRATUM_CA_FINGERPRINT)")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
 	hw.register(cmd)
 	tf.register(cmd)
 	return cmd
 }
 
+// checkTargets checks the endpoints and --ca-fingerprint before anything
+// is dialled, so a typo is a usage error and not a retry loop. Each
+// endpoint gets port 9444 when it names none (in place).
+func checkTargets(endpoints []string, fingerprint, missing string) error {
+	if len(endpoints) == 0 {
+		return usage("%s", missing)
+	}
+	for i, e := range endpoints {
+		ep, err := wire.Endpoint(e)
+		if err != nil {
+			return usage("--endpoint: %w", err)
+		}
+		endpoints[i] = ep
+	}
+	if fingerprint != "" {
+		if _, err := pki.ParseFingerprint(fingerprint); err != nil {
+			return usage("--ca-fingerprint: %w", err)
+		}
+	}
+	return nil
+}
+
 // explain turns an error into the sentence the operator reads.
-func explain(err error) error { return explainKind(err, "join code") }
+func explain(err error, endpoint string) error { return explainKind(err, endpoint, "join code") }
 
 // explainKind is explain for a secret of the named kind (join code, join
 // token, join key), which the sentence names.
-func explainKind(err error, kind string) error {
+func explainKind(err error, endpoint, kind string) error {
 	var refused *agent.RefusedError
 	var unreachable *agent.UnreachableError
 	switch {
@@ -219,11 +263,16 @@ func explainKind(err error, kind string) error {
 		return &exitError{1, err}
 	case errors.As(err, &refused):
 		if refused.Retryable() {
+			if refused.RetryAfter > 0 {
+				return &exitError{3, fmt.Errorf("the listener is busy: %s (retry in %s)", refused.Message, refused.RetryAfter)}
+			}
 			return &exitError{3, fmt.Errorf("the listener is busy: %s", refused.Message)}
 		}
 		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
 	case errors.As(err, &unreachable):
-		return &exitError{3, err}
+		return &exitError{3, fmt.Errorf("%s: %w", endpoint, err)}
+	case errors.Is(err, fs.ErrPermission):
+		return &exitError{cli.ExitUsage, fmt.Errorf("%w: run as root, or give --state a directory this user may write", err)}
 	}
 	return err
 }
@@ -363,7 +412,7 @@ func runCommand() *cobra.Command {
 	var codeFile string
 	var hw hwidFlags
 	var tf tpmFlags
-	var logLevel string
+	var logLevel, metricsAddr string
 	var endpoints []string
 	cmd := &cobra.Command{
 		Use:   "run [--state DIR] [--endpoint HOST:PORT] [--code-file F]",
@@ -389,8 +438,13 @@ func runCommand() *cobra.Command {
 			if cfg.CAFingerprint == "" {
 				cfg.CAFingerprint = os.Getenv("STRATUM_CA_FINGERPRINT")
 			}
-			if cfg.Endpoint == "" {
-				return usage("--endpoint (or STRATUM_ENDPOINT) is required until the node has joined")
+			if err := checkTargets(eps, cfg.CAFingerprint, "--endpoint (or STRATUM_ENDPOINT) is required until the node has joined"); err != nil {
+				return err
+			}
+			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
+			// no core dump or ptrace peer may see the code or the node key
+			if err := agent.ProtectSecrets(); err != nil {
+				return err
 			}
 			var err error
 			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
@@ -403,13 +457,28 @@ func runCommand() *cobra.Command {
 			}
 			n := systemd.NewNotifier(cfg.Logger)
 			cfg.Notifier = n
+			// The service loop itself pings, so a stuck loop is restarted.
 			if iv, err := systemd.WatchdogInterval(); err == nil && iv > 0 {
-				go n.RunWatchdog(cmd.Context(), iv)
+				cfg.WatchdogInterval = iv
+				cfg.Watchdog = func() {
+					if err := n.Watchdog(); err != nil {
+						cfg.Logger.Warn("systemd watchdog ping failed", "err", err)
+					}
+				}
+			}
+			if metricsAddr != "" {
+				ln, err := listenMetrics(metricsAddr)
+				if err != nil {
+					return usage("--metrics: %w", err)
+				}
+				m := agent.NewMetrics(cfg.StateDir)
+				cfg.OnRetry, cfg.OnRenewal = m.Retried, m.Renewed
+				go m.Serve(cmd.Context(), ln, cfg.Logger)
 			}
 			err = agent.Run(cmd.Context(), cfg)
 			_ = n.Stopping()
 			if err != nil {
-				return explain(err)
+				return explain(err, cfg.Endpoint)
 			}
 			return nil
 		},
@@ -419,8 +488,55 @@ func runCommand() *cobra.Command {
 	cmd.Flags().StringVar(&codeFile, "code-file", "", "join code file (default: the systemd credential join-code)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA to insist on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve Prometheus /metrics on this TCP address; a port alone means 127.0.0.1 (default: off)")
 	hw.register(cmd)
 	tf.register(cmd)
+	return cmd
+}
+
+// listenMetrics listens on addr; a port alone ("9447" or ":9447") is
+// loopback only: the agent's metrics are for a local scraper.
+func listenMetrics(addr string) (net.Listener, error) {
+	if !strings.Contains(addr, ":") {
+		addr = ":" + addr
+	}
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	return net.Listen("tcp", addr)
+}
+
+func renewCommand() *cobra.Command {
+	var stateDir string
+	var now bool
+	cmd := &cobra.Command{
+		Use:   "renew --now [--state DIR]",
+		Short: "renew this node's certificate now, not at the service's next renewal time",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !now {
+				return usage("renew needs --now (the service renews on its own at 2/3 of the certificate's life)")
+			}
+			id, err := agent.Renew(cmd.Context(), agent.RenewConfig{StateDir: stateDir})
+			if err != nil {
+				if errors.Is(err, fs.ErrPermission) {
+					return explain(err, id.Endpoint)
+				}
+				var refused *agent.RefusedError
+				if errors.As(err, &refused) && !refused.Retryable() {
+					return &exitError{cli.ExitRefused, fmt.Errorf("renewal refused: %s: join again with a new code", refused.Message)}
+				}
+				return explain(err, id.Endpoint)
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), id)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "renewed %s: certificate valid until %s\n", id.NodeID, id.NotAfter.Format(time.RFC3339))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&now, "now", false, "renew now")
+	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
 	return cmd
 }
 

@@ -14,11 +14,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
 	_ "github.com/stratumjoin/stratum/internal/store/etcdstore" // etcd:// store
 	"github.com/stratumjoin/stratum/internal/tpm"
+	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
@@ -28,7 +30,10 @@ import (
 
 type usageError struct{ error }
 
-var jsonOut bool
+var (
+	jsonOut     bool
+	adminSocket string
+)
 
 func rootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -39,7 +44,15 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
+	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (or set STRATUM_ADMIN_SOCKET)")
 	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
+	// every flag also from STRATUM_<FLAG> (the unit's listener.env)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		return cli.FlagsFromEnv(cmd, func(err error) error { return usageError{err} })
+	}
+	cli.AddVersion(root, &jsonOut)
+	cli.AddDocs(root)
+	cli.RequireSubcommands(root, func(err error) error { return usageError{err} })
 	return root
 }
 
@@ -58,7 +71,7 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func client() *adminclient.Client { return adminclient.New(adminclient.SocketFromEnv()) }
+func client() *adminclient.Client { return adminclient.New(adminSocket) }
 
 func initCommand() *cobra.Command {
 	var cfg listener.InitConfig
@@ -72,6 +85,11 @@ func initCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.DataDir == "" {
 				return usageError{fmt.Errorf("--data is required")}
+			}
+			for _, ep := range cfg.Endpoints {
+				if _, err := wire.Endpoint(ep); err != nil {
+					return usageError{fmt.Errorf("--endpoint: %w", err)}
+				}
 			}
 			if cfg.Join && (caCert != "" || light || cmd.Flags().Changed("node-lifetime")) {
 				return usageError{fmt.Errorf("--join takes the cluster's CA and settings: --ca-cert, --light-ksf and --node-lifetime do not apply")}
@@ -123,7 +141,7 @@ func initCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory (created 0700)")
 	cmd.Flags().StringVar(&cfg.TrustDomain, "trust-domain", "stratum.local", "SPIFFE trust domain of node identities")
-	cmd.Flags().StringSliceVar(&cfg.Endpoints, "endpoint", nil, "host:port agents dial (repeatable; default 127.0.0.1:9444)")
+	cmd.Flags().StringSliceVar(&cfg.Endpoints, "endpoint", nil, "host[:port] agents dial, port 9444 unless given (repeatable; default 127.0.0.1:9444)")
 	cmd.Flags().StringVar(&caCert, "ca-cert", "", "import this CA certificate chain (PEM, CA first, root last) instead of creating a root")
 	cmd.Flags().StringVar(&caKey, "ca-key", "", "the imported CA's private key (PEM)")
 	cmd.Flags().BoolVar(&light, "light-ksf", false, "use the lightest Argon2id parameters accepted (t=1, 8 MiB) instead of t=3, 64 MiB")
@@ -149,9 +167,10 @@ func serveCommand() *cobra.Command {
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return usageError{fmt.Errorf("--log-level: %w", err)}
+				return usageError{fmt.Errorf("--log-level (or STRATUM_LOG_LEVEL): %w", err)}
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			cfg.AdminSocket = adminSocket
 			if registryFile != "" {
 				reg, err := registry.Load(registryFile)
 				if err != nil {
@@ -208,14 +227,23 @@ func serveCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "data directory made by init")
 	cmd.Flags().StringVar(&cfg.Listen, "listen", ":9444", "UDP address for QUIC (unless socket-activated)")
-	cmd.Flags().StringVar(&cfg.AdminSocket, "admin-socket", adminclient.SocketFromEnv(), "admin unix socket")
 	cmd.Flags().StringVar(&cfg.StoreURL, "store", os.Getenv("STRATUM_STORE"), "store URL: bolt:/path/state.db (default, in DIR) or etcd://host:2379,host2:2379 or etcds://... ($STRATUM_STORE)")
 	etcd.register(cmd.Flags())
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "connections served at once; agents beyond it back off and retry")
+	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "join connections served at once; agents beyond it back off and retry")
+	cmd.Flags().IntVar(&cfg.MaxRenewals, "max-renewals", 512, "renewal connections served at once, apart from joins")
+	cmd.Flags().IntVar(&cfg.PerSourceConnections, "connections-per-source", 64, "connections one source address may hold at once (-1: no share)")
+	cmd.Flags().DurationVar(&cfg.FirstStream, "first-stream", 5*time.Second, "how long a connection may go without opening its stream")
+	cmd.Flags().IntVar(&cfg.UnprovenPerSource, "unproven-per-source", 8, "unproven join starts one address may make per --budget-window (-1: no budget)")
+	cmd.Flags().IntVar(&cfg.UnprovenPerPrefix, "unproven-per-prefix", 32, "unproven join starts one /24 (IPv4) or /64 (IPv6) may make per --budget-window")
+	cmd.Flags().DurationVar(&cfg.BudgetWindow, "budget-window", 10*time.Minute, "the window of the per-source budget of unproven starts")
+	cmd.Flags().DurationVar(&cfg.BudgetWait, "budget-wait", 10*time.Second, "how long a start over its source's budget waits for a proven start of that source to give its charge back")
+	cmd.Flags().DurationVar(&cfg.RenewGrace, "renew-grace", 96*time.Hour, "how long after expiry a node certificate still renews; later the node needs a new code")
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
+	cmd.Flags().StringSliceVar(&cfg.HTTPSNames, "https-name", nil, "another DNS name or IP address for the HTTPS admin certificate (repeatable; the join endpoints' names are always in it)")
+	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this TCP address, e.g. 127.0.0.1:9446 (default: off)")
 	cmd.Flags().StringVar(&tpmCADir, "tpm-ca-dir", "", "TPM manufacturer root and intermediate certificates (PEM or DER files); with it, a TPM attestation passes only with an EK certificate that chains to them")
 	return cmd
 }
@@ -238,7 +266,7 @@ func codesCommand() *cobra.Command {
 			}
 			c, err := client().MintCode(cmd.Context(), req)
 			if err != nil {
-				return err
+				return inFlagTerms(err, codeFlags)
 			}
 			if jsonOut {
 				return printJSON(cmd.OutOrStdout(), c)
@@ -294,7 +322,7 @@ func codesCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSELECTOR\tSTATE\tUSES\tFAILED\tPOOL\tEXPIRES")
 			for _, c := range codes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, c.ExpiresAt.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, relTime(c.ExpiresAt, time.Now()))
 			}
 			return tw.Flush()
 		},
@@ -404,12 +432,19 @@ func orDash(s string) string {
 
 func nodesCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "nodes", Short: "list, show and revoke nodes"}
+	var state, pool, role string
 	list := &cobra.Command{
-		Use: "list", Short: "list nodes", Args: args(0),
+		Use: "list [--state S] [--pool P] [--role R]", Short: "list nodes", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ns, err := client().Nodes(cmd.Context())
+			all, err := client().Nodes(cmd.Context())
 			if err != nil {
 				return err
+			}
+			ns := all[:0]
+			for _, n := range all {
+				if (state == "" || n.State == state) && (pool == "" || n.Pool == pool) && (role == "" || n.Role == role) {
+					ns = append(ns, n)
+				}
 			}
 			if jsonOut {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"items": ns})
@@ -417,11 +452,14 @@ func nodesCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tROLE\tTRUST\tPOOL\tCLAIMED HOSTNAME\tCERT UNTIL")
 			for _, n := range ns {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.Facts.Hostname, n.NotAfter.Format(time.RFC3339))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.Facts.Hostname, relTime(n.NotAfter, time.Now()))
 			}
 			return tw.Flush()
 		},
 	}
+	list.Flags().StringVar(&state, "state", "", "only nodes in this state (active, revoked)")
+	list.Flags().StringVar(&pool, "pool", "", "only nodes of this pool")
+	list.Flags().StringVar(&role, "role", "", "only nodes with this role")
 	show := &cobra.Command{
 		Use: "show ID", Short: "show a node and the facts it claimed", Args: args(1),
 		RunE: func(cmd *cobra.Command, a []string) error {
@@ -517,9 +555,33 @@ func caCommand() *cobra.Command {
 
 func eventsCommand() *cobra.Command {
 	var follow bool
+	var since string
+	var types []string
 	cmd := &cobra.Command{
-		Use: "events", Short: "print the event log", Args: args(0),
+		Use: "events [--since 1h|TIME] [--type PREFIX]", Short: "print the event log", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var from time.Time
+			if since != "" {
+				if d, err := time.ParseDuration(since); err == nil {
+					from = time.Now().Add(-d)
+				} else if from, err = time.Parse(time.RFC3339, since); err != nil {
+					return usageError{fmt.Errorf("--since %q: give a duration (1h30m) or a time (2026-01-02T15:04:05Z)", since)}
+				}
+			}
+			keep := func(ev cluster.Event) bool {
+				if ev.Time.Before(from) {
+					return false
+				}
+				if len(types) == 0 {
+					return true
+				}
+				for _, t := range types {
+					if ev.Type == t || strings.HasPrefix(ev.Type, t+".") {
+						return true
+					}
+				}
+				return false
+			}
 			c := client()
 			after := ""
 			for {
@@ -535,13 +597,16 @@ func eventsCommand() *cobra.Command {
 					return err
 				}
 				for _, ev := range evs {
+					after = ev.Seq
+					if !keep(ev) {
+						continue
+					}
 					if jsonOut {
 						b, _ := json.Marshal(ev)
 						fmt.Fprintln(cmd.OutOrStdout(), string(b))
 					} else {
 						fmt.Fprintf(cmd.OutOrStdout(), "%s  %-30s %s %s\n", ev.Time.Format(time.RFC3339), ev.Type, ev.Actor, fieldsText(ev.Fields))
 					}
-					after = ev.Seq
 				}
 				if !follow {
 					return nil
@@ -553,6 +618,8 @@ func eventsCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	cmd.Flags().StringVar(&since, "since", "", "only events since this long ago (1h) or this time (RFC 3339)")
+	cmd.Flags().StringSliceVar(&types, "type", nil, "only events of this type or family (node.joined; security matches security.*) (repeatable)")
 	return cmd
 }
 

@@ -1,19 +1,40 @@
 // Command stratum-listener is the cluster's join listener and its admin
 // command line. `init` and `serve` run the listener; every other
 // subcommand talks to a running listener over its admin socket
-// ($STRATUM_ADMIN_SOCKET, default /run/stratum/admin.sock).
+// (--admin-socket, $STRATUM_ADMIN_SOCKET, default /run/stratum/admin.sock).
+//
+// Exit status: 0 done; 1 refused for good; 2 usage error, or a listener
+// that cannot start for good (its unit does not restart it); 3 transient
+// (the admin socket or the store unreachable).
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/stratumjoin/stratum/internal/cli"
+	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 )
+
+// exitCode is the exit contract (docs/operations.md): 2 usage or a cause
+// no restart fixes (its unit does not restart it), 1 refused for good, 3
+// transient.
+func exitCode(err error) int {
+	var u usageError
+	switch {
+	case errors.As(err, &u), errors.Is(err, listener.ErrNotInitialized), errors.Is(err, fs.ErrPermission):
+		return cli.ExitUsage
+	case errors.Is(err, adminclient.ErrUnreachable):
+		return cli.ExitTransient
+	}
+	return cli.ExitRefused
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -21,13 +42,6 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "stratum-listener:", err)
-		var u usageError
-		switch {
-		case errors.As(err, &u):
-			os.Exit(2)
-		case errors.Is(err, adminclient.ErrUnreachable):
-			os.Exit(3)
-		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }

@@ -19,6 +19,8 @@ type Attempt struct {
 	Secret  *Secret // nil for an unknown locator
 	Counted bool
 	LeaseID string
+	// Burned: this start took the secret past MaxUnproven and burned it.
+	Burned bool
 }
 
 // LeaseTime bounds how long a counted attempt may stay in flight before
@@ -67,6 +69,7 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
 			tx.event(EventSecretBurned, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": s.Unproven})
+			att.Burned = true
 		} else {
 			s.Unproven++
 			if !s.Burns() && len(s.Leases) >= maxTrackedLeases {
@@ -167,6 +170,8 @@ type ProveRequest struct {
 	// SAS derives the short authentication string of this PAKE session
 	// for a join id; nil leaves joins without one.
 	SAS func(joinID string) string
+	// Remote is the agent's address, recorded in the node.joined event.
+	Remote string
 	// TPM is the verified attestation of the key, nil when the agent
 	// offered none; RequireTPM says the secret's pool demands one.
 	TPM        *TPMVerdict
@@ -449,6 +454,9 @@ func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, no
 	tx.put(joinKey(j.ID), j)
 	tx.putString(serialKey(cert.Serial), serialOwner(n))
 	fields := map[string]any{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	if req.Remote != "" {
+		fields["remoteAddr"] = req.Remote
+	}
 	if req.TPM != nil {
 		fields["ekHash"] = req.TPM.EKHash
 	}

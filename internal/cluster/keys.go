@@ -1,5 +1,7 @@
 package cluster
 
+import "strings"
+
 // Every store key of the cluster is built in this file, and only here:
 // the admin facades and the listener reach the store through the typed
 // methods of Cluster, never by key (test/arch checks it). Changing a key's
@@ -19,6 +21,7 @@ const (
 	pfxCount      = "count/"    // count/joinkeys/<organization> -> how many join keys it holds
 	pfxTokenIndex = "tokens/"   // tokens/<tenant>/<pool>/<id> -> token id (joinTokens listing)
 	pfxKeyIndex   = "joinkeys/" // joinkeys/<organization>/<id> -> key id (join keys listing)
+	pfxBudget     = "budget/"   // budget/<address> and budget/<prefix with _ for /> -> budgetEntry
 	keyUnmatched  = "stats/last-unmatched-attempt"
 	// keySharedIdentity holds the cluster's keys sealed under the
 	// key-encryption key (package keyseal): never a key in clear.
@@ -43,6 +46,7 @@ func keyNameKey(org, name string) string          { return pfxName + org + "/" +
 func keyCountKey(org string) string               { return pfxCount + pfxKeyIndex + org }
 func tokenIndexPrefix(tenant, pool string) string { return pfxTokenIndex + tenant + "/" + pool + "/" }
 func keyIndexPrefix(org string) string            { return pfxKeyIndex + org + "/" }
+func budgetKey(source string) string              { return pfxBudget + strings.ReplaceAll(source, "/", "_") }
 func endpointKey(ep string) string                { return pfxEndpoint + ep }
 
 // indexKeys are the listing keys that point at s: its pool's token list,

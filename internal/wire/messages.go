@@ -179,6 +179,13 @@ const (
 	CodeCertInvalid      = "NODE_CERT_INVALID"
 	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
 	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
+	// CodeRateLimited answers, before any KE2 and whatever the locator, a
+	// start from a source that spent its budget of unproven starts; the
+	// Result's RetryAfter says when to come back.
+	CodeRateLimited = "JOIN_RATE_LIMITED"
+	// CodeCertExpired refuses a renewal whose certificate expired longer
+	// ago than the listener's renewal grace: the node needs a new code.
+	CodeCertExpired = "NODE_CERT_EXPIRED"
 	// CodeTPMRequired: the pool requires TPM attestation and the join
 	// offered none, or its attestation did not verify.
 	CodeTPMRequired = "JOIN_TPM_REQUIRED"
@@ -188,7 +195,7 @@ const (
 )
 
 // Retryable reports whether a refusal code is transient.
-func Retryable(code string) bool { return code == CodeUnavailable }
+func Retryable(code string) bool { return code == CodeUnavailable || code == CodeRateLimited }
 
 // Host is what a join key assigns (seed 003): network, role, tags, the
 // overlay addresses and the host name.
@@ -217,6 +224,12 @@ type Result struct {
 	// digits both ends derive from the PAKE session key and the join id.
 	// The agent checks it against its own and prints it.
 	SAS string `cbor:"12,keyasint,omitempty"`
+	// RetryAfter is how many seconds to wait before retrying a retryable
+	// refusal (JOIN_RATE_LIMITED).
+	RetryAfter int64 `cbor:"13,keyasint,omitempty"`
+	// PendingFor is how many seconds the listener holds a pending join
+	// open; the agent waits that long for the next Result.
+	PendingFor int64 `cbor:"14,keyasint,omitempty"`
 }
 
 func (*Result) Type() byte { return TypeResult }
@@ -224,6 +237,9 @@ func (*Result) Type() byte { return TypeResult }
 func (m *Result) Check() error {
 	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 || len(m.SAS) > 16 {
 		return errors.New("oversized field")
+	}
+	if m.RetryAfter < 0 || m.RetryAfter > 86400 || m.PendingFor < 0 || m.PendingFor > 7*86400 {
+		return errors.New("retryAfter or pendingFor out of range")
 	}
 	switch m.Status {
 	case StatusJoined:

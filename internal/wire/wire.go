@@ -7,8 +7,10 @@
 //
 //	agent                                   listener
 //	Hello{version, locator, KE1}     ->
-//	                                        count the attempt (one durable transaction)
+//	                                        charge the source's budget, then count the attempt (one durable transaction each)
 //	                                 <-     Challenge{KE2, caChain, ksf}
+//	                                        or, over the source's budget and whatever the locator:
+//	                                 <-     Result{status: refused, code: JOIN_RATE_LIMITED, retryAfter}
 //	finish OPAQUE, pin the CA,
 //	check the QUIC certificate
 //	Proof{KE3, CSR, facts, tpm?}     ->
@@ -17,7 +19,7 @@
 //	TPMAnswer{secret, certifyInfo, sig} ->
 //	                                        check the attestation (docs/tpm.md);
 //	                                        one transaction: prove, check, consume a use
-//	                                 <-     Result{status: pending, joinId}   (only with approval; repeats nothing else)
+//	                                 <-     Result{status: pending, joinId, pendingFor}   (only with approval; repeats nothing else)
 //	                                 <-     Result{status: joined|refused, ...}
 //
 // A renewal is one stream on a connection whose ALPN is ALPNNode, with

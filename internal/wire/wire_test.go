@@ -25,6 +25,8 @@ func samples() []Message {
 		&Result{Status: StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{cert}, CABundle: [][]byte{cert}, Host: &Host{Name: "h", NetworkID: "n"}},
 		&Result{Status: StatusPending, JoinID: "join-1"},
 		&Result{Status: StatusRefused, Code: CodeStale, Message: "stale"},
+		&Result{Status: StatusRefused, Code: CodeRateLimited, Message: "later", RetryAfter: 30},
+		&Result{Status: StatusPending, JoinID: "join-2", PendingFor: 86400},
 	}
 }
 

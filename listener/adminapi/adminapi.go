@@ -63,6 +63,7 @@ type Server struct {
 
 	limitersMu sync.Mutex
 	limiters   map[string]*rate.Limiter // per organization (seed 003)
+	authFails  authFailures             // failed API keys per source
 }
 
 // New returns the admin API over core.

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -25,7 +24,8 @@ const (
 	kindInvalidState
 	kindDuplicate   // seed 003: a unique value is taken
 	kindLimit       // a count limit is reached
-	kindRateLimited // seed 003: the organization's request rate
+	kindRateLimited // seed 003: the organization's request rate; failed API keys per source
+	kindMediaType   // a request body that is not application/json
 	// kindApprovalRefused: an approval whose SAS is not the join's
 	kindApprovalRefused
 )
@@ -41,10 +41,9 @@ type apiError struct {
 	// limit and limitName describe a kindLimit (seed 003's extra).
 	limit     int
 	limitName string
-	// retryAfter, on a kindRateLimited, is how long until a request
-	// would be allowed: sent as Retry-After in whole seconds.
+	cause     error
+	// retryAfter, when set, is sent as Retry-After.
 	retryAfter time.Duration
-	cause      error
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -108,6 +107,7 @@ const (
 	CodeInternal        = "INTERNAL"
 	CodeMethod          = "METHOD_NOT_ALLOWED"
 	CodeTooMany         = "TOO_MANY_REQUESTS"
+	CodeMediaType       = "UNSUPPORTED_MEDIA_TYPE"
 	CodeApprovalRefused = "JOIN_APPROVAL_REFUSED"
 	problemTypeBase     = "https://stratum.dev/problems/"
 	problemContentType  = "application/problem+json"
@@ -150,6 +150,7 @@ const (
 	KeyErrUnauthorized   = "ERR_UNAUTHORIZED"
 	KeyErrForbidden      = "ERR_FORBIDDEN"
 	KeyErrTooMany        = "ERR_TOO_MANY_REQUESTS"
+	KeyErrMediaType      = "ERR_UNSUPPORTED_MEDIA_TYPE"
 	KeyErrNotFound       = "ERR_NOT_FOUND"
 	KeyErrMethod         = "ERR_METHOD_NOT_ALLOWED"
 	KeyErrInternal       = "ERR_INTERNAL"
@@ -178,6 +179,7 @@ var mappings = map[kind]mapping{
 	kindLimit:           {http.StatusBadRequest, CodeLimitExceeded, TokenInvalidState, KeyErrLimitExceeded},
 	kindRateLimited:     {http.StatusTooManyRequests, CodeTooMany, TokenInternal, KeyErrTooMany},
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
+	kindMediaType:       {http.StatusUnsupportedMediaType, CodeMediaType, TokenInvalidInput, KeyErrMediaType},
 	kindApprovalRefused: {http.StatusConflict, CodeApprovalRefused, TokenInvalidState, keyErrInvalidValue},
 }
 
@@ -194,9 +196,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	}
 	m := mappings[e.kind]
 	status := m.status
-	if status == http.StatusTooManyRequests {
-		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+	if e.retryAfter > 0 {
+		retryAfterHeader(w, e.retryAfter)
 	}
 	if f == facadeCluster && e.kind == kindLimit {
 		status = http.StatusConflict

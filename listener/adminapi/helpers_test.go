@@ -84,16 +84,23 @@ func loadTestRegistry(t testing.TB) *registry.Registry {
 	return reg
 }
 
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *env { t.Helper(); return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with change applied to the listener's Config.
+func newEnvWith(t testing.TB, change func(*listener.Config)) *env {
 	t.Helper()
 	logs := &syncBuffer{}
 	clk := &clock{}
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{
+	cfg := listener.Config{
 		Now:         clk.now,
 		Registry:    loadTestRegistry(t),
 		HTTPSListen: "127.0.0.1:0",
 		Logger:      slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	}})
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	l := listenertest.Start(t, listenertest.Options{Config: cfg})
 	pool := x509.NewCertPool()
 	for _, r := range l.Roots() {
 		pool.AddCert(r)

@@ -1,8 +1,10 @@
 package adminapi
 
 import (
+	"errors"
 	"net/http"
 	"sort"
+	"time"
 )
 
 // facade names which seed's error shape a route answers in.
@@ -138,9 +140,26 @@ func Routes() []string {
 // failure in the route's facade shape.
 func (s *Server) handle(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, viaSocket := principalOf(r)
+		now := time.Now()
+		if !viaSocket {
+			if wait, blocked := s.authFails.blocked(sourceOf(r), now); blocked {
+				s.fail(w, r, rt.facade, errTooManyFailures(wait))
+				return
+			}
+		}
 		p, err := s.authenticate(r)
+		var ae *apiError
+		if !viaSocket && errors.As(err, &ae) && ae.kind == kindUnauthenticated {
+			s.authFails.failed(sourceOf(r), now)
+		}
 		if err == nil {
 			err = s.gate(rt, p)
+		}
+		if err == nil {
+			if e := jsonBody(r); e != nil {
+				err = e
+			}
 		}
 		if err == nil {
 			err = rt.h(w, r, p)

@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -33,8 +35,9 @@ func SocketFromEnv() string {
 
 // Client is an admin API client.
 type Client struct {
-	http *http.Client
-	base string
+	http   *http.Client
+	base   string
+	socket string
 }
 
 // New returns a client for the unix socket at path.
@@ -45,7 +48,7 @@ func New(path string) *Client {
 			return d.DialContext(ctx, "unix", path)
 		},
 	}
-	return &Client{http: &http.Client{Transport: tr, Timeout: 6 * time.Minute}, base: "http://stratum-admin"}
+	return &Client{http: &http.Client{Transport: tr, Timeout: 6 * time.Minute}, base: "http://stratum-admin", socket: path}
 }
 
 // ProblemError is an error answer of the API.
@@ -61,6 +64,27 @@ func (e *ProblemError) Error() string {
 
 // ErrUnreachable means the socket could not be reached.
 var ErrUnreachable = errors.New("cannot reach the listener's admin socket")
+
+// connError names the socket and the likely cause, not the request's URL
+// (the host in it is a placeholder the socket dialer ignores). A
+// permission error still matches fs.ErrPermission.
+func (c *Client) connError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		err = oe.Err
+	}
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("admin socket %s: %w: only root may use it (run as root, or with sudo)", c.socket, fs.ErrPermission)
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%w %s: no listener is running there (start stratum-listener.socket, or give --admin-socket)", ErrUnreachable, c.socket)
+	}
+	return fmt.Errorf("%w %s: %w", ErrUnreachable, c.socket, err)
+}
 
 // Do sends a request and decodes the JSON answer into out.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
@@ -81,7 +105,7 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+		return c.connError(err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

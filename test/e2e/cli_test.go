@@ -3,10 +3,12 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,15 +53,55 @@ func validCode(t *testing.T) string {
 	return sec.Display()
 }
 
-// TestMakeInstall installs binaries and units into a DESTDIR.
+// TestMakeInstall installs binaries and units into a DESTDIR, with the
+// units naming the binaries under PREFIX.
 func TestMakeInstall(t *testing.T) {
 	dest := t.TempDir()
-	cmd := exec.Command("make", "install", "DESTDIR="+dest)
+	cmd := exec.Command("make", "install", "DESTDIR="+dest, "PREFIX=/usr")
 	cmd.Dir = moduleRoot(t)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make install: %v\n%s", err, out)
 	}
-	for _, f := range []string{"usr/local/bin/stratum-agent", "usr/local/bin/stratum-listener", "lib/systemd/system/stratum-agent.service", "lib/systemd/system/stratum-listener.service", "lib/systemd/system/stratum-listener.socket", "lib/systemd/system/stratum-listener-admin.socket"} {
+	for unit, want := range map[string]string{
+		"stratum-agent.service":    "ExecStart=/usr/bin/stratum-agent run",
+		"stratum-listener.service": "ExecStart=/usr/bin/stratum-listener serve",
+	} {
+		b, err := os.ReadFile(filepath.Join(dest, "lib/systemd/system", unit))
+		if err != nil || !strings.Contains(string(b), "\n"+want) || strings.Contains(string(b), "/usr/local/bin") {
+			t.Errorf("%s with PREFIX=/usr does not start %s: %v", unit, want, err)
+		}
+	}
+	// the listener is static; the agent needs no glibc newer than 2.34
+	if l, err := elf.Open(filepath.Join(dest, "usr/bin/stratum-listener")); err != nil {
+		t.Error(err)
+	} else {
+		for _, p := range l.Progs {
+			if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+				t.Errorf("the listener is dynamically linked (%v)", p.Type)
+			}
+		}
+		l.Close()
+	}
+	if a, err := elf.Open(filepath.Join(dest, "usr/bin/stratum-agent")); err != nil {
+		t.Error(err)
+	} else {
+		syms, err := a.DynamicSymbols()
+		if err != nil {
+			t.Fatal(err)
+		}
+		floor := "2.0"
+		for _, s := range syms {
+			if v, ok := strings.CutPrefix(s.Version, "GLIBC_"); ok && versionLess(floor, v) {
+				floor = v
+			}
+		}
+		t.Logf("the agent needs glibc %s", floor)
+		if versionLess("2.34", floor) {
+			t.Errorf("the agent needs glibc %s, more than 2.34", floor)
+		}
+		a.Close()
+	}
+	for _, f := range []string{"usr/bin/stratum-agent", "usr/bin/stratum-listener", "lib/systemd/system/stratum-agent.service", "lib/systemd/system/stratum-listener.service", "lib/systemd/system/stratum-listener.socket", "lib/systemd/system/stratum-listener-admin.socket"} {
 		fi, err := os.Stat(filepath.Join(dest, f))
 		if err != nil {
 			t.Errorf("not installed: %s", f)
@@ -69,6 +111,24 @@ func TestMakeInstall(t *testing.T) {
 			t.Errorf("%s is %o", f, fi.Mode().Perm())
 		}
 	}
+}
+
+// versionLess compares dotted versions ("2.3.2" < "2.34").
+func versionLess(a, b string) bool {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(as) || i < len(bs); i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if x != y {
+			return x < y
+		}
+	}
+	return false
 }
 
 func moduleRoot(t *testing.T) string {

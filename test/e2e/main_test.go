@@ -41,12 +41,18 @@ type listenerProc struct {
 
 func newListener(t *testing.T, extraInit ...string) *listenerProc {
 	t.Helper()
+	return newListenerServe(t, nil, extraInit...)
+}
+
+// newListenerServe is newListener with extra flags for serve.
+func newListenerServe(t *testing.T, serve []string, extraInit ...string) *listenerProc {
+	t.Helper()
 	sockDir, err := os.MkdirTemp("/tmp", "sje2e")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t)}
+	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: serve}
 	run(t, nil, "stratum-listener", append([]string{"init", "--data", p.data, "--light-ksf", "--endpoint", p.endpoint}, extraInit...)...)
 	p.start()
 	t.Cleanup(p.stop)

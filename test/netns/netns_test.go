@@ -203,6 +203,7 @@ func TestJoinPinnedWithRoot(t *testing.T) {
 func TestMintRefusesBadPins(t *testing.T) {
 	n := newNetwork(t)
 	l := startListener(t, n)
+	// a usage error (2) that names the flag, not the API field
 	for _, tc := range []struct{ flag, value, field string }{
 		{"--expect-mac", "00:00:00:00:00:00", "expect.mac"},
 		{"--expect-mac", "02-aa-bb-cc-dd-01", "expect.mac"},
@@ -211,8 +212,8 @@ func TestMintRefusesBadPins(t *testing.T) {
 		{"--expect-gpu-uuid", "GPU-00000000-0000-0000-0000-000000000000", "expect.gpuUuid"},
 	} {
 		r := l.admin("codes", "create", "--auto-approve", tc.flag, tc.value)
-		if r.exit != 1 || !strings.Contains(r.stderr, "INVALID_INPUT") || !strings.Contains(r.stderr, tc.field+":") {
-			t.Errorf("codes create %s %q: want exit 1 naming %s; got %s", tc.flag, tc.value, tc.field, r)
+		if r.exit != 2 || !strings.Contains(r.stderr, tc.flag+":") || strings.Contains(r.stderr, tc.field) {
+			t.Errorf("codes create %s %q: want exit 2 naming %s, not %s; got %s", tc.flag, tc.value, tc.flag, tc.field, r)
 		}
 	}
 	var list struct {

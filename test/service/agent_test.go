@@ -255,7 +255,11 @@ func TestAgentRunRefusedExits1(t *testing.T) {
 	if code := p.exit(t, 30*time.Second); code != 1 {
 		t.Fatalf("exit status %d, want 1; output:\n%s", code, p.output())
 	}
+	// the last datagram may still be on its way to the reader
 	got := n.statuses(0)
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 2 && time.Now().Before(deadline); got = n.statuses(0) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if len(got) != 2 || !strings.HasPrefix(got[1], "refused: the join code was revoked") {
 		t.Fatalf("statuses %q", got)
 	}

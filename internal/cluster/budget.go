@@ -1,0 +1,181 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/stratumjoin/stratum/internal/store"
+)
+
+// The per-source budgets of unproven starts are kept in the store
+// (budgetKey), so listeners that share a store share the budget.
+
+// Budget bounds the unproven starts one source may have counted per
+// window: an address, and the /24 (IPv4) or /64 (IPv6) it sits in. A
+// proven start gives its charge back, so only guesses use it up.
+type Budget struct {
+	PerAddress int // 0: no limit on the address
+	PerPrefix  int // 0: no limit on the prefix
+	Window     time.Duration
+}
+
+// DefaultBudget is the budget a listener applies unless told otherwise:
+// a sweep from one address reaches at most 8 codes per 10 minutes, one
+// from a /24 at most 32.
+var DefaultBudget = Budget{PerAddress: 8, PerPrefix: 32, Window: 10 * time.Minute}
+
+// Charge is one start charged to a source's budget; Refund gives it back.
+type Charge struct {
+	keys   []string
+	window int64
+}
+
+// Charged reports whether the charge holds anything to refund.
+func (ch Charge) Charged() bool { return len(ch.keys) > 0 }
+
+type budgetEntry struct {
+	Window int64 `json:"window"` // unix seconds of the window's start
+	Used   int   `json:"used"`
+}
+
+// SourcePrefix is the prefix a source's address is also charged to.
+func SourcePrefix(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	bits := 64
+	if a.Is4() {
+		bits = 24
+	}
+	p, _ := a.Prefix(bits)
+	return p
+}
+
+// ChargeStart charges one start from src to the budget, before anything
+// about the start (its locator) is looked at. ok is false when the address
+// or its prefix has spent its budget in this window; retryAfter then says
+// when the window ends. Nothing is written for a refused start.
+func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch Charge, ok bool, retryAfter time.Duration, err error) {
+	src = src.Unmap()
+	if b.Window <= 0 {
+		b.Window = DefaultBudget.Window
+	}
+	type slot struct {
+		key   string
+		limit int
+	}
+	var slots []slot
+	if b.PerAddress > 0 {
+		slots = append(slots, slot{budgetKey(src.String()), b.PerAddress})
+	}
+	if b.PerPrefix > 0 {
+		slots = append(slots, slot{budgetKey(SourcePrefix(src).String()), b.PerPrefix})
+	}
+	if len(slots) == 0 {
+		return Charge{}, true, 0, nil
+	}
+	err = c.update(ctx, func(tx *txn) error {
+		now := c.now()
+		start := now.Truncate(b.Window)
+		window := start.Unix()
+		ch, ok, retryAfter = Charge{window: window}, true, 0
+		entries := make([]budgetEntry, len(slots))
+		for i, s := range slots {
+			if _, err := tx.getJSON(s.key, &entries[i]); err != nil {
+				return fmt.Errorf("read budget: %w", err)
+			}
+			if entries[i].Window != window {
+				entries[i] = budgetEntry{Window: window}
+			}
+			if entries[i].Used >= s.limit {
+				// nothing is written for a refused start
+				ch, ok, retryAfter = Charge{}, false, start.Add(b.Window).Sub(now)
+				return nil
+			}
+		}
+		for i, s := range slots {
+			entries[i].Used++
+			tx.put(s.key, entries[i])
+			ch.keys = append(ch.keys, s.key)
+		}
+		return nil
+	})
+	if err != nil {
+		return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
+	}
+	return ch, ok, retryAfter, nil
+}
+
+// Refund gives a proven start's charge back, if its window still runs.
+func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
+	if !ch.Charged() {
+		return nil
+	}
+	err := c.update(ctx, func(tx *txn) error {
+		for _, key := range ch.keys {
+			var e budgetEntry
+			found, err := tx.getJSON(key, &e)
+			if err != nil {
+				return fmt.Errorf("read budget: %w", err)
+			}
+			if !found || e.Window != ch.window || e.Used == 0 {
+				continue
+			}
+			e.Used--
+			tx.put(key, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("refund budget: %w", err)
+	}
+	return nil
+}
+
+// SweepBudgets deletes budget entries whose window ended before now-w, so
+// that sources seen once do not stay in the store. It deletes at most a
+// few hundred per call.
+func (c *Cluster) SweepBudgets(ctx context.Context, w time.Duration) error {
+	if w <= 0 {
+		w = DefaultBudget.Window
+	}
+	kvs, err := c.store.List(ctx, pfxBudget, "", 512)
+	if err != nil {
+		return fmt.Errorf("list budgets: %w", err)
+	}
+	cutoff := c.now().Add(-2 * w).Unix()
+	var errs []error
+	for _, kv := range kvs {
+		var e budgetEntry
+		if err := json.Unmarshal(kv.Value, &e); err != nil || e.Window < cutoff {
+			if _, err := c.store.Txn(ctx, []store.Cmp{{Key: kv.Key, Rev: kv.Rev}}, []store.Op{{Key: kv.Key, Delete: true}}); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Uncount takes back a counted attempt whose KE3 verified but which ends
+// without Prove committing (a bad CSR): the holder proved the code, so it
+// is no failed guess. Its lease is freed too.
+func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
+	if !att.Counted || att.Secret == nil {
+		return nil
+	}
+	return c.update(ctx, func(tx *txn) error {
+		var s Secret
+		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
+		if err != nil || !found {
+			return err
+		}
+		if s.Unproven > 0 {
+			s.Unproven--
+		}
+		s.dropLease(att.LeaseID)
+		tx.put(secretKey(s.ID), s)
+		return nil
+	})
+}

@@ -1,0 +1,266 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/wire"
+)
+
+// Defaults of the admission limits (docs/hardening.md explains each).
+const (
+	defaultMaxRenewals          = 512
+	defaultPerSourceConnections = 64
+	defaultFirstStream          = 5 * time.Second
+	defaultRenewGrace           = 96 * time.Hour
+	defaultBudgetWait           = 10 * time.Second
+	// maxRetryAfter is the longest a start over budget is told to wait.
+	maxRetryAfter = 30 * time.Second
+)
+
+// admission holds the connection counts the accept path checks.
+type admission struct {
+	mu        sync.Mutex
+	perSource map[netip.Addr]int
+	total     int
+
+	joins    atomic.Int64 // join connections being served
+	renewals atomic.Int64 // renewal connections being served
+
+	// refunded is closed and replaced at each refund, waking starts that
+	// wait for their source's budget.
+	refundMu sync.Mutex
+	refunded chan struct{}
+	// warned is when each source was last logged as over its budget.
+	warned map[netip.Addr]time.Time
+}
+
+var errSourceShare = errors.New("too many connections from this source")
+
+func sourceAddr(a net.Addr) netip.Addr {
+	if ua, ok := a.(*net.UDPAddr); ok {
+		ip, _ := netip.AddrFromSlice(ua.IP)
+		return ip.Unmap()
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// admit runs before the handshake, when the ALPN is not known yet. It
+// refuses a source past its share of the connections, and any connection
+// past a hard bound on everything in flight (joins, renewals and
+// handshakes). The slot is freed when the connection ends.
+func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+	src := sourceAddr(ci.RemoteAddr)
+	a := &l.adm
+	a.mu.Lock()
+	if a.perSource == nil {
+		a.perSource = map[netip.Addr]int{}
+	}
+	hard := 2 * (l.cfg.MaxConnections + l.cfg.MaxRenewals)
+	if a.total >= hard {
+		a.mu.Unlock()
+		return nil, errTooManyConnections
+	}
+	if share := l.cfg.PerSourceConnections; share > 0 && a.perSource[src] >= share {
+		a.mu.Unlock()
+		return nil, errSourceShare
+	}
+	a.perSource[src]++
+	a.total++
+	a.mu.Unlock()
+	// quic-go cancels ctx when the connection closes or its handshake fails
+	context.AfterFunc(ctx, func() {
+		a.mu.Lock()
+		a.total--
+		if a.perSource[src]--; a.perSource[src] <= 0 {
+			delete(a.perSource, src)
+		}
+		a.mu.Unlock()
+	})
+	if h := l.cfg.Hooks.Accept; h != nil {
+		h(ci.AddrVerified)
+	}
+	return ctx, nil
+}
+
+// ConnStats is what the admission path holds now.
+type ConnStats struct {
+	Joins, Renewals int // connections past the handshake, by ALPN
+	Total           int // every admitted connection, handshakes included
+	PerSource       map[string]int
+}
+
+// ConnStats reports the admitted connections (tests, benchmarks).
+func (l *Listener) ConnStats() ConnStats {
+	a := &l.adm
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := ConnStats{Joins: int(a.joins.Load()), Renewals: int(a.renewals.Load()), Total: a.total, PerSource: map[string]int{}}
+	for k, v := range a.perSource {
+		s.PerSource[k.String()] = v
+	}
+	return s
+}
+
+// slot takes a served slot for the connection's ALPN: joins and renewals
+// are bounded apart, so a join flood never shuts renewals out.
+func (l *Listener) slot(alpn string) (release func(), ok bool) {
+	c, max := &l.adm.joins, int64(l.cfg.MaxConnections)
+	if alpn == wire.ALPNNode {
+		c, max = &l.adm.renewals, int64(l.cfg.MaxRenewals)
+	}
+	if c.Add(1) > max {
+		c.Add(-1)
+		return nil, false
+	}
+	return func() { c.Add(-1) }, true
+}
+
+type chargeKey struct{}
+
+// startCharge is the budget charge of the join running on a connection;
+// Join refunds it once the start is proven.
+type startCharge struct {
+	once sync.Once
+	ch   cluster.Charge
+}
+
+// chargeStart charges a join start to its source before the Hello is
+// read, so the answer to a start over budget cannot depend on its
+// locator. Over budget it waits a while for a refund; then ok is false
+// with how long the source should wait.
+func (l *Listener) chargeStart(ctx context.Context, src netip.Addr) (context.Context, time.Duration, bool, error) {
+	if l.cfg.UnprovenPerSource < 0 {
+		return ctx, 0, true, nil
+	}
+	b := cluster.Budget{PerAddress: l.cfg.UnprovenPerSource, PerPrefix: l.cfg.UnprovenPerPrefix, Window: l.cfg.BudgetWindow}
+	wait := time.NewTimer(l.cfg.BudgetWait)
+	defer wait.Stop()
+	for {
+		woken := l.refundSignal()
+		ch, ok, after, err := l.cluster.ChargeStart(ctx, src, b)
+		if err != nil {
+			return ctx, 0, false, err
+		}
+		if ok {
+			return context.WithValue(ctx, chargeKey{}, &startCharge{ch: ch}), 0, true, nil
+		}
+		// refunds on other listeners sharing the store are seen by the poll
+		poll := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			poll.Stop()
+			return ctx, 0, false, ctx.Err()
+		case <-wait.C:
+			poll.Stop()
+			// The budget stays spent to the end of the window whatever the
+			// source is told, so honest holders are told to come back soon
+			// (their own starts may be refunded by then), not at the end.
+			return ctx, min(max(after, time.Second), maxRetryAfter), false, nil
+		case <-woken:
+		case <-poll.C:
+		}
+		poll.Stop()
+	}
+}
+
+func (l *Listener) refundSignal() <-chan struct{} {
+	a := &l.adm
+	a.refundMu.Lock()
+	defer a.refundMu.Unlock()
+	if a.refunded == nil {
+		a.refunded = make(chan struct{})
+	}
+	return a.refunded
+}
+
+// refundProven gives a proven start's budget charge back (once).
+func (l *Listener) refundProven(ctx context.Context) {
+	sc, _ := ctx.Value(chargeKey{}).(*startCharge)
+	if sc == nil {
+		return
+	}
+	sc.once.Do(func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := l.cluster.Refund(rctx, sc.ch); err != nil {
+			l.logger.Warn("refund start budget", "err", err)
+			return
+		}
+		a := &l.adm
+		a.refundMu.Lock()
+		if a.refunded != nil {
+			close(a.refunded)
+			a.refunded = nil
+		}
+		a.refundMu.Unlock()
+	})
+}
+
+// warnOverBudget logs a source over its budget once per window, so an
+// operator sees a sweep without one line per refused start.
+func (l *Listener) warnOverBudget(src netip.Addr) {
+	a := &l.adm
+	a.refundMu.Lock()
+	now := time.Now()
+	if a.warned == nil {
+		a.warned = map[netip.Addr]time.Time{}
+	}
+	last, seen := a.warned[src]
+	fresh := !seen || now.Sub(last) > l.cfg.BudgetWindow
+	if fresh {
+		if len(a.warned) > 4096 {
+			for k, t := range a.warned {
+				if now.Sub(t) > l.cfg.BudgetWindow {
+					delete(a.warned, k)
+				}
+			}
+		}
+		a.warned[src] = now
+	}
+	a.refundMu.Unlock()
+	if fresh {
+		l.logger.Warn("source over its budget of unproven join starts; its starts are refused JOIN_RATE_LIMITED until the window ends",
+			"source", src.String(), "prefix", cluster.SourcePrefix(src).String(), "window", l.cfg.BudgetWindow.String())
+	}
+}
+
+// rateLimited answers a start over its source's budget: before any KE2,
+// and the same whatever locator the Hello names.
+func rateLimited(str Stream, after time.Duration) error {
+	secs := int64((after + time.Second - 1) / time.Second)
+	return wire.Write(str, &wire.Result{
+		Status: wire.StatusRefused, Code: wire.CodeRateLimited, RetryAfter: secs,
+		Message: "too many unproven join attempts from this address; try again later",
+	})
+}
+
+// sweepBudgets drops the budget entries of sources not seen for a while.
+func (l *Listener) sweepBudgets(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			if err := l.cluster.SweepBudgets(sctx, l.cfg.BudgetWindow); err != nil {
+				l.logger.Debug("sweep start budgets", "err", err)
+			}
+			cancel()
+		}
+	}
+}

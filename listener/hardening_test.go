@@ -1,0 +1,426 @@
+package listener_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/listener"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/listenertest"
+)
+
+// honestSource is another source than the attacker's 127.0.0.1, in
+// another /24: every 127/8 address is the loopback.
+const honestSource = "127.0.1.2"
+
+// dialFrom returns a QUIC dial whose packets leave from ip.
+func dialFrom(t testing.TB, ip string) func(ctx context.Context, ep string, tc *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: pc}
+	t.Cleanup(func() { tr.Close(); pc.Close() })
+	return func(ctx context.Context, ep string, tc *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+		addr, err := net.ResolveUDPAddr("udp", ep)
+		if err != nil {
+			return nil, err
+		}
+		return tr.Dial(ctx, addr, tc, qc)
+	}
+}
+
+func joinFrom(t testing.TB, l *listenertest.Listener, ip string, sec joincode.Secret) (*agent.Joined, string, error) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "state")
+	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec, Dial: dialFrom(t, ip)})
+	return j, dir, err
+}
+
+// TestSelectorSweepFromOneSourceBurnsNothing: one address sends 11 Hellos
+// to each of 64 live codes' selectors. At most the address's budget of
+// codes ends with a counted attempt, none is burned, every start past the
+// budget is told JOIN_RATE_LIMITED before any KE2, and a holder from
+// another source joins at once.
+func TestSelectorSweepFromOneSourceBurnsNothing(t *testing.T) {
+	var counted atomic.Int32
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{
+		BudgetWait: 50 * time.Millisecond,
+		Hooks:      listener.Hooks{Challenge: func(_ string, real, c bool) { counted.Add(btoi(real && c)) }},
+	}})
+	var secs []joincode.Secret
+	var ids []string
+	for range 64 {
+		sec, c := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+		secs, ids = append(secs, sec), append(ids, c.ID)
+	}
+	var challenges, limited, turnedAway atomic.Int32
+	jobs := make(chan joincode.Secret)
+	var wg sync.WaitGroup
+	for range 48 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for bad := range jobs {
+				out, err := rawJoin{Secret: bad, StopAfterChallenge: true}.run(context.Background(), l.Endpoint)
+				var te *quic.TransportError
+				switch {
+				case errors.As(err, &te) && te.ErrorCode == quic.ConnectionRefused:
+					// past the source's share of connections (closing ones
+					// linger on a slow machine): no start at all
+					turnedAway.Add(1)
+				case err != nil:
+					t.Errorf("sweep start: %v", err)
+				case len(out.Results) == 1:
+					if r := out.Results[0]; r.Code != wire.CodeRateLimited || r.RetryAfter <= 0 {
+						t.Errorf("refusal %+v", r)
+					}
+					limited.Add(1)
+				default:
+					challenges.Add(1)
+				}
+			}
+		}()
+	}
+	for _, sec := range secs {
+		for range 11 {
+			jobs <- wrongCode(t, sec)
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	withCount, burned := 0, 0
+	for _, id := range ids {
+		c, err := l.Admin.Code(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.FailedAttempts > 0 {
+			withCount++
+		}
+		if c.State != "live" {
+			burned++
+		}
+	}
+	t.Logf("704 sweep starts: %d Challenges, %d JOIN_RATE_LIMITED, %d connections refused; %d codes with a counted attempt, %d burned", challenges.Load(), limited.Load(), turnedAway.Load(), withCount, burned)
+	if challenges.Load() > 8 || challenges.Load()+limited.Load()+turnedAway.Load() != 704 || limited.Load() == 0 || withCount > 8 || burned != 0 || counted.Load() > 8 {
+		t.Fatalf("sweep: %d Challenges (%d counted), %d limited, %d codes counted, %d burned", challenges.Load(), counted.Load(), limited.Load(), withCount, burned)
+	}
+	start := time.Now()
+	if _, _, err := joinFrom(t, l, honestSource, secs[0]); err != nil {
+		t.Fatalf("honest holder from %s after the sweep: %v", honestSource, err)
+	}
+	t.Logf("honest join from %s took %s", honestSource, time.Since(start))
+}
+
+func lenHeld(mu *sync.Mutex, held *[]*quic.Conn) int {
+	mu.Lock()
+	defer mu.Unlock()
+	return len(*held)
+}
+
+func btoi(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestProvenStartsGiveTheirBudgetBack: one address makes many more proven
+// joins than its budget of unproven starts, none refused.
+func TestProvenStartsGiveTheirBudgetBack(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: 2, BudgetWait: time.Millisecond}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(0)})
+	for i := range 6 {
+		if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+			t.Fatalf("join %d: %v", i, err)
+		}
+	}
+	// two guesses spend the budget: the next start, right code or not, is
+	// told to come back later
+	for range 2 {
+		if _, _, err := join(t, l, wrongCode(t, sec), wire.Facts{}); !errors.Is(err, agent.ErrNotAccepted) {
+			t.Fatalf("guess: %v", err)
+		}
+	}
+	_, _, err := join(t, l, sec, wire.Facts{})
+	var refused *agent.RefusedError
+	if !errors.As(err, &refused) || refused.Code != wire.CodeRateLimited || refused.RetryAfter <= 0 || !refused.Retryable() {
+		t.Fatalf("start over budget: %v", err)
+	}
+}
+
+// TestStalledConnectionsShutOutNoOne: 2,100 connections from one source
+// complete the handshake and open no stream. The source holds only its
+// share, a join and a renewal from another source both succeed during the
+// attack, and the listener closes every stalled connection for opening no
+// stream.
+func TestStalledConnectionsShutOutNoOne(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{RetryAbove: 1e6}})
+	renewer, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	_, renewDir, err := joinFrom(t, l, honestSource, renewer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: pc}
+	t.Cleanup(func() { tr.Close(); pc.Close() })
+	udp, _ := net.ResolveUDPAddr("udp", l.Endpoint)
+	var mu sync.Mutex
+	var held []*quic.Conn
+	var refused atomic.Int32
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	attackStart := time.Now()
+	go func() {
+		for range 2100 {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				c, err := tr.Dial(ctx, udp, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13},
+					&quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: 60 * time.Second})
+				if err != nil {
+					refused.Add(1)
+					return
+				}
+				mu.Lock()
+				held = append(held, c)
+				mu.Unlock()
+			}()
+		}
+	}()
+	// once the source holds its whole share, from another source: a join
+	// and a renewal
+	deadline := time.Now().Add(60 * time.Second)
+	for l.ConnStats().PerSource["127.0.0.1"] < 64 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the attack never filled its share: %+v", l.ConnStats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	during := l.ConnStats()
+	if _, _, err := joinFrom(t, l, honestSource, sec); err != nil {
+		t.Fatalf("join during the stall: %v", err)
+	}
+	if _, err := agent.Renew(context.Background(), agent.RenewConfig{StateDir: renewDir, Dial: dialFrom(t, honestSource)}); err != nil {
+		t.Fatalf("renewal during the stall: %v", err)
+	}
+	after := l.ConnStats()
+	t.Logf("the attacker held %d connections as the honest join began and %d once the renewal ended", during.PerSource["127.0.0.1"], after.PerSource["127.0.0.1"])
+	for len(sem) > 0 || refused.Load()+int32(lenHeld(&mu, &held)) < 2100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the attack's dials did not end: %d refused, %d held", refused.Load(), lenHeld(&mu, &held))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wg.Wait()
+	if st := l.ConnStats(); st.PerSource["127.0.0.1"] > 64 {
+		t.Fatalf("one source holds %d connections", st.PerSource["127.0.0.1"])
+	}
+	t.Logf("2,100 stalled dials: %d completed, %d refused", len(held), refused.Load())
+
+	// every stalled connection the listener took is closed for opening no
+	// stream (not left to an idle timeout)
+	for _, c := range held {
+		select {
+		case <-c.Context().Done():
+		case <-time.After(30 * time.Second):
+			t.Fatal("a stalled connection is still open 30s on")
+		}
+		var ae *quic.ApplicationError
+		if err := context.Cause(c.Context()); !errors.As(err, &ae) || !ae.Remote || ae.ErrorMessage != "no stream" {
+			t.Fatalf("stalled connection ended with %v, want the listener's \"no stream\"", err)
+		}
+	}
+	t.Logf("every stalled connection closed %s after the attack began", time.Since(attackStart).Round(time.Millisecond))
+}
+
+// TestJoinFloodLeavesRenewalsTheirSlots: with every join slot held, a
+// join is refused and a renewal still succeeds.
+func TestJoinFloodLeavesRenewalsTheirSlots(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxConnections: 2, PerSourceConnections: -1}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(2)})
+	_, dir, err := join(t, l, sec, wire.Facts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 2 {
+		c, err := dialJoin(ctx, l.Endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseWithError(0, "")
+		str, err := c.OpenStreamSync(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		str.Write([]byte{0}) // the listener takes the stream and waits for a Hello
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for l.ConnStats().Joins < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("join slots not held: %+v", l.ConnStats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: 2 * time.Second})
+	var unreachable *agent.UnreachableError
+	if !errors.As(err, &unreachable) {
+		t.Fatalf("join past the join slots: %v, want it turned away", err)
+	}
+	if _, err := agent.Renew(ctx, agent.RenewConfig{StateDir: dir}); err != nil {
+		t.Fatalf("renewal with every join slot held: %v", err)
+	}
+}
+
+// TestWeakKeyRenewalIsAnsweredCSRInvalid: a renewal whose CSR carries a
+// key the cluster refuses (RSA 1024) is answered CSR_INVALID, and the
+// agent reads it rather than seeing the connection closed.
+func TestWeakKeyRenewalIsAnsweredCSRInvalid(t *testing.T) {
+	f := joinedNode(t, wire.Facts{})
+	weak, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, weak)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := rawRenew(t, f, csr)
+	if err != nil || res.Status != wire.StatusRefused || res.Code != wire.CodeBadCSR {
+		t.Fatalf("weak-key renewal: %+v %v, want CSR_INVALID", res, err)
+	}
+	n, _ := f.l.Admin.Node(context.Background(), f.id.NodeID)
+	if n.RenewedAt != nil {
+		t.Fatal("a refused renewal was recorded")
+	}
+}
+
+// rawRenew renews f's node over stratum-node/1 with csr instead of one
+// for the node's key.
+func rawRenew(t *testing.T, f *renewFixture, csr []byte) (wire.Result, error) {
+	t.Helper()
+	st := agent.State{Dir: f.dir}
+	key, err := st.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := st.Chain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := tls.Certificate{PrivateKey: key, Leaf: chain[0]}
+	for _, c := range chain {
+		cert.Certificate = append(cert.Certificate, c.Raw)
+	}
+	ctx := context.Background()
+	conn, err := quic.DialAddr(ctx, f.l.Endpoint, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNNode}, MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}},
+		&quic.Config{HandshakeIdleTimeout: 10 * time.Second})
+	if err != nil {
+		return wire.Result{}, err
+	}
+	defer conn.CloseWithError(0, "")
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return wire.Result{}, err
+	}
+	if err := wire.Write(str, &wire.Renew{CSR: csr}); err != nil {
+		return wire.Result{}, err
+	}
+	var res wire.Result
+	err = wire.Read(str, &res)
+	return res, err
+}
+
+// TestWeakKeyJoinIsReadByTheAgent: a proven join whose CSR carries a weak
+// key is answered CSR_INVALID, and it is not a failed guess: the code's
+// failed count stays 0 and the code still joins.
+func TestWeakKeyJoinIsReadByTheAgent(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	weak, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, weak)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := rawJoin{Secret: sec, CSR: csr}.run(context.Background(), l.Endpoint)
+	if err != nil || len(out.Results) != 1 || out.Results[0].Code != wire.CodeBadCSR {
+		t.Fatalf("weak-key join: %v %+v", err, out.Results)
+	}
+	c, _ := l.Admin.Code(context.Background(), code.ID)
+	if c.FailedAttempts != 0 || c.Uses != 0 {
+		t.Fatalf("a proven join with a weak key counted: %+v", c)
+	}
+	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+		t.Fatalf("the code no longer joins: %v", err)
+	}
+}
+
+// TestAgentBoundsItsWaitForAResult: a listener that goes silent after the
+// Proof does not hold the agent: it gives up after its Result timeout
+// with an error worth retrying.
+func TestAgentBoundsItsWaitForAResult(t *testing.T) {
+	release := make(chan struct{})
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+		Proof: func(string) { <-release }, // the listener goes silent
+	}}})
+	defer close(release)
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	done := make(chan error, 1)
+	go func() {
+		_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, ResultTimeout: time.Second})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var unreachable *agent.UnreachableError
+		if !errors.As(err, &unreachable) {
+			t.Fatalf("join against a silent listener: %v, want an unreachable error", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the agent still waits for a Result 60s on")
+	}
+}
+
+// TestPendingResultAnnouncesTheHold: a pending Result says how long the
+// listener holds the join open.
+func TestPendingResultAnnouncesTheHold(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	out, err := rawJoin{Secret: sec, StopAtPending: true}.run(context.Background(), l.Endpoint)
+	if err != nil || len(out.Results) != 1 {
+		t.Fatalf("pending join: %v %+v", err, out.Results)
+	}
+	if r := out.Results[0]; r.Status != wire.StatusPending || r.PendingFor < 23*3600 || r.PendingFor > 24*3600 {
+		t.Fatalf("pending result %+v, want PendingFor about 24h", r)
+	}
+}
