@@ -18,7 +18,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/quic-go/quic-go"
 
@@ -79,12 +81,13 @@ var (
 	ErrNotAuthentic = errors.New("the listener is not authentic: its certificate does not chain to the CA the code was minted under")
 )
 
-// RefusedError is a refusal the listener named after a proven PAKE.
+// RefusedError is a refusal the listener named: after a proven PAKE, or
+// JOIN_UNAVAILABLE in place of a Challenge.
 type RefusedError struct {
 	Code    string
 	Message string
 	// RetryAfter is how long the listener asked to wait before a retry
-	// (JOIN_RATE_LIMITED); zero when it named none.
+	// (JOIN_UNAVAILABLE, JOIN_RATE_LIMITED); zero when it named none.
 	RetryAfter time.Duration
 }
 
@@ -137,6 +140,13 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 		return nil, ErrGaveUp
 	}
 	key, tp, err := st.nodeKey(cfg.TPM)
+	if err != nil {
+		return nil, err
+	}
+	// The nonce is on disk before the Hello leaves: if this process or
+	// the listener dies mid-join, the next attempt resumes it or a proof
+	// claims it back.
+	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +207,20 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	for _, c := range cs.TLS.PeerCertificates {
 		peer = append(peer, c.Raw)
 	}
-	j, err := exchange(ctx, str, exporter, peer, key, &cfg)
+	j, err := exchange(ctx, str, exporter, peer, key, &cfg, attemptClaim{nonce: nonce, commit: commit, earlier: earlier})
+	var refused *RefusedError
+	switch {
+	case err == nil, errors.As(err, &refused) && !refused.Retryable():
+		// the listener recorded a proof of the code: the refunds are spent
+		if ferr := st.finishAttempts(cfg.Secret.Locator); ferr != nil {
+			cfg.Logger.Warn("forget attempt nonces", "err", ferr)
+		}
+	case errors.Is(err, ErrNotAccepted):
+		// a failed PAKE is a failed attempt for good: nothing refunds it
+		if ferr := st.dropAttempt(cfg.Secret.Locator, nonce); ferr != nil {
+			cfg.Logger.Warn("forget attempt nonce", "err", ferr)
+		}
+	}
 	if errors.Is(err, ErrNotAccepted) {
 		conn.CloseWithError(0x102, "")
 		n, ferr := st.failures(cfg.Secret.Locator)
@@ -221,13 +244,32 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	return j, nil
 }
 
+// printable keeps the printable characters of an unauthenticated peer's
+// message, so it cannot move the cursor or clear the operator's screen.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return -1
+	}, s)
+}
+
 // exchange is the join protocol over one stream; QUIC is only its carrier.
-func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig) (*Joined, error) {
+// attemptClaim is what an attempt tells the listener about refunds: its
+// own commitment, and the nonces of earlier unfinished attempts.
+type attemptClaim struct {
+	nonce   []byte // seeds the OPRF blind, so a repeated attempt repeats its guess
+	commit  []byte
+	earlier [][]byte
+}
+
+func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts [][]byte, key crypto.Signer, cfg *JoinConfig, claim attemptClaim) (*Joined, error) {
 	// the password's copy is wiped once the exchange ends, so it does not
 	// linger in the heap for the life of the service
 	password := cfg.Secret.Password()
 	defer clear(password)
-	login, ke1, err := pake.Start(pake.BindingContext(exporter), cfg.Secret.Locator, password)
+	login, ke1, err := pake.StartSeeded(pake.BindingContext(exporter), cfg.Secret.Locator, password, claim.nonce)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +280,7 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			_ = ds.SetReadDeadline(time.Now().Add(d))
 		}
 	}
-	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1}); err != nil {
+	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1, Attempt: claim.commit}); err != nil {
 		return nil, &UnreachableError{err}
 	}
 	setDeadline(cfg.ResultTimeout)
@@ -249,19 +291,25 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	}
 	if typ == wire.TypeResult {
 		// a start refused before any KE2 (its source spent its budget of
-		// unproven starts): nothing was learnt or spent on the code
+		// unproven starts, or the listener cannot reach its store):
+		// nothing was learnt on the code
 		var res wire.Result
 		if err := wire.Decode(typ, body, &res); err != nil || res.Status != wire.StatusRefused {
 			return nil, fmt.Errorf("listener sent a malformed challenge: %w", err)
 		}
 		// Nothing authenticates the listener yet: only the retryable
-		// JOIN_RATE_LIMITED is taken from it here, so a fake listener
-		// cannot make the agent give up its code for good.
-		if res.Code != wire.CodeRateLimited {
+		// JOIN_RATE_LIMITED and JOIN_UNAVAILABLE are taken from it here,
+		// so a fake listener cannot make the agent give up its code for
+		// good, and its words are shown printable only.
+		if res.Code != wire.CodeRateLimited && res.Code != wire.CodeUnavailable {
 			return nil, &UnreachableError{fmt.Errorf("the listener refused the start (%s) before proving it holds the code's record", res.Code)}
 		}
 		r := refusal(&res)
 		r.RetryAfter = min(r.RetryAfter, maxRetryAfter)
+		r.Message = printable(r.Message)
+		if res.Code == wire.CodeUnavailable && !strings.HasPrefix(r.Message, "the listener") {
+			r.Message = "the listener cannot reach its store: " + r.Message
+		}
 		return nil, r
 	}
 	if err := wire.Decode(typ, body, &ch); err != nil {
@@ -307,7 +355,9 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			return nil, err
 		}
 	}
-	proof := &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts}
+	// The nonces go only to a listener that proved the code and chains to
+	// its CA.
+	proof := &wire.Proof{KE3: ke3, CSR: csr, Facts: cfg.Facts, Refunds: claim.earlier}
 	if cfg.attestation != nil {
 		proof.TPM = claimOf(cfg.attestation.Claim)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
@@ -53,14 +54,21 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 
 	// Unknown and inactive locators cost one durable write too (see
 	// cluster.standIn), so the Challenge's timing does not tell them apart.
+	// the guess a KE1 asks, so a repeated one resumes its counted attempt
+	guess, _ := pake.GuessOf(hello.KE1)
 	t0 := time.Now()
-	att, err := l.beginAttempt(ctx, hello.Locator)
+	att, err := l.beginAttempt(ctx, cluster.BeginRequest{Locator: hello.Locator, Commit: hello.Attempt, Guess: guess})
 	l.metrics.storeOp("begin_attempt", t0, err)
 	rep.attempt(att)
-	if err != nil {
-		// the count's outcome is unknown: it counts as spent, and nothing
-		// is answered
+	if errors.Is(err, cluster.ErrBusy) {
 		return errCodeInternal, fmt.Errorf("count attempt: %w", err)
+	}
+	if err != nil {
+		// The count's outcome is unknown: it counts as spent (a refund
+		// may give it back), and no Challenge leaves. The agent is told
+		// the store failed, which says nothing about the code.
+		l.logger.Warn("count attempt", "err", err)
+		return errCodeDone, errors.Join(fmt.Errorf("count attempt: %w", err), rep.write(str, l.unavailable(err)))
 	}
 
 	l.mu.RLock()
@@ -96,11 +104,14 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	str.SetReadDeadline(time.Now().Add(proofTimeout))
 	var proof wire.Proof
 	if err := wire.Read(str, &proof); err != nil {
-		// a wrong code: the agent sends nothing more; the attempt stays counted
-		if agentRefusedKE2(err) {
+		// a wrong code (the agent refused the KE2) or a broken
+		// connection: the attempt stays counted; a broken one stays
+		// refundable to a proof that reveals its nonce
+		refusedKE2 := agentRefusedKE2(err)
+		if refusedKE2 {
 			rep.failedProof(att)
 		}
-		l.abandon(att)
+		l.endLease(att, !refusedKE2)
 		return errCodeNotProof, fmt.Errorf("read proof: %w", err)
 	}
 	if h := l.cfg.Hooks.Proof; h != nil {
@@ -134,6 +145,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	req := cluster.ProveRequest{
 		Attempt:    att,
+		Refunds:    proof.Refunds,
 		Facts:      proof.Facts,
 		KeyFP:      hex.EncodeToString(keyFP[:]),
 		CurrentCA:  currentFP,
@@ -176,8 +188,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 			return errCodeDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 		}
 		if err != nil {
-			_ = rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the join; try again"})
-			return errCodeInternal, err
+			l.logger.Warn("record join", "err", err)
+			return errCodeDone, errors.Join(err, rep.write(str, l.unavailable(err)))
 		}
 		if out.Status != wire.StatusPending {
 			return errCodeDone, rep.write(str, l.result(out))
@@ -197,8 +209,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		err = l.waitDecision(waitCtx, out.Join.ID, deadline)
 		l.metrics.pending.Dec()
 		if errors.Is(err, errStoreWait) {
-			_ = rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener cannot reach its store; the join stays pending, try again"})
-			return errCodeDone, err
+			l.logger.Warn("wait for approval", "joinId", out.Join.ID, "err", err)
+			return errCodeDone, errors.Join(err, rep.write(str, l.unavailable(err)))
 		} else if err != nil {
 			rep.outcome = outcomePending
 			return errCodeDone, err
@@ -207,6 +219,23 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 }
 
 var errStoreWait = errors.New("read the pending join")
+
+// unavailable is the retryable refusal an agent reads when a store call
+// failed; its message names the failure, and never the code.
+func (l *Listener) unavailable(err error) *wire.Result {
+	msg := "the listener cannot reach its store"
+	switch {
+	case errors.Is(err, store.ErrNoSpace):
+		msg = "the listener's store is out of disk space until an operator makes room"
+	case errors.Is(err, store.ErrCorrupt):
+		msg = "the listener's store is damaged; an operator must restore it from a backup"
+	}
+	retry := int64(l.cfg.StoreTimeout.Seconds() + 0.999)
+	if retry < 1 {
+		retry = 1
+	}
+	return &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: msg, RetryAfter: retry}
+}
 
 // waitDecision polls a pending join until it is decided.
 func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline time.Time) error {
@@ -288,11 +317,11 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 // once are not taken for a guessing storm. Waiters queue per secret and
 // are woken one at a time as leases end here; a slow timer covers leases
 // that end on another listener or expire.
-func (l *Listener) beginAttempt(ctx context.Context, locator string) (cluster.Attempt, error) {
+func (l *Listener) beginAttempt(ctx context.Context, req cluster.BeginRequest) (cluster.Attempt, error) {
 	ctx, cancel := context.WithTimeout(ctx, cluster.LeaseTime)
 	defer cancel()
 	for {
-		att, err := l.cluster.BeginAttempt(ctx, locator)
+		att, err := l.cluster.Begin(ctx, req)
 		if !errors.Is(err, cluster.ErrBusy) {
 			return att, err
 		}
@@ -378,10 +407,17 @@ func (l *Listener) uncount(att cluster.Attempt) {
 }
 
 // abandon frees a failed attempt's lease; it stays counted.
-func (l *Listener) abandon(att cluster.Attempt) {
+func (l *Listener) abandon(att cluster.Attempt) { l.endLease(att, false) }
+
+// endLease frees a lease; orphan keeps the attempt refundable.
+func (l *Listener) endLease(att cluster.Attempt, orphan bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := l.cluster.Abandon(ctx, att); err != nil {
+	end := l.cluster.Abandon
+	if orphan {
+		end = l.cluster.Orphan
+	}
+	if err := end(ctx, att); err != nil {
 		l.logger.Warn("free attempt lease", "err", err)
 	}
 	if att.Counted {

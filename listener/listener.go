@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/store/boltstore"
 	"github.com/stratumjoin/stratum/internal/tpm"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener/adminapi"
@@ -94,6 +96,11 @@ type Config struct {
 	HTTPSListen string
 	// HTTPSListener, when set, is used instead of listening on HTTPSListen.
 	HTTPSListener net.Listener
+	// StoreTimeout bounds every store call of a join, a renewal and an
+	// admin request (default 5 s): past it the agent reads
+	// JOIN_UNAVAILABLE and the admin API answers 503, instead of waiting
+	// on an etcd cluster that lost its quorum.
+	StoreTimeout time.Duration
 	// HTTPSNames are extra DNS names or IP addresses for the HTTPS admin
 	// certificate (the join endpoints' names are always in it).
 	HTTPSNames []string
@@ -109,6 +116,9 @@ type Config struct {
 	// identity to pin, not proof of a genuine TPM (docs/tpm.md).
 	TPMRoots []*x509.Certificate
 }
+
+// DefaultStoreTimeout is Config.StoreTimeout's default.
+const DefaultStoreTimeout = 5 * time.Second
 
 // Hooks are test observation points; all optional.
 type Hooks struct {
@@ -181,6 +191,9 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = 2048
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
+	}
 	if cfg.MaxRenewals == 0 {
 		cfg.MaxRenewals = defaultMaxRenewals
 	}
@@ -228,6 +241,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		}
 		l.ownStore = true
 	}
+	l.store = store.WithDeadline(l.store, cfg.StoreTimeout)
 	l.cluster = cluster.New(cluster.Config{Store: l.store, Logger: cfg.Logger, Now: cfg.Now})
 	fail := func(err error) (*Listener, error) {
 		if l.ownStore {
@@ -656,10 +670,14 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 	}
 	ctx, after, ok, err := l.chargeStart(ctx, sourceAddr(conn.RemoteAddr()))
 	if err != nil {
-		// the budget could not be read: answer nothing, as for a count
-		// whose outcome is unknown
-		l.logger.Debug("charge start", "remote", conn.RemoteAddr().String(), "err", err)
-		return errCodeInternal
+		// The budget could not be read or written: no Challenge leaves,
+		// and the agent is told the store failed, which says nothing
+		// about the code.
+		l.logger.Warn("charge start", "remote", conn.RemoteAddr().String(), "err", err)
+		if err := wire.Write(str, l.unavailable(err)); err != nil {
+			return errCodeProtocol
+		}
+		return errCodeDone
 	}
 	if !ok {
 		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
@@ -725,4 +743,22 @@ func (s *sourceLimiters) sweep(ctx context.Context) {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// StoreTimeout is the deadline of each store call.
+func (l *Listener) StoreTimeout() time.Duration { return l.cfg.StoreTimeout }
+
+// Backup writes a consistent copy of the store to w as a bbolt file (see
+// boltstore.Snapshot), while the listener serves.
+func (l *Listener) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	return boltstore.Snapshot(ctx, l.store, l.cfg.DataDir, w)
+}
+
+// Healthy reports whether the store is sound: nil, or the damage a
+// transaction met (the listener answers JOIN_UNAVAILABLE meanwhile).
+func (l *Listener) Healthy() error {
+	if h, ok := store.Unwrap(l.store).(interface{ Healthy() error }); ok {
+		return h.Healthy()
+	}
+	return nil
 }

@@ -342,6 +342,11 @@ func (l *Listener) Ready(ctx context.Context) error {
 	if !loaded {
 		return errors.New("keys not loaded")
 	}
+	// a store damaged under a transaction is not ready, even if a probe
+	// of one key still reads
+	if err := l.Healthy(); err != nil {
+		return fmt.Errorf("store damaged: %w", err)
+	}
 	check := l.cfg.StoreHealth
 	if check == nil {
 		check = func(ctx context.Context) error {

@@ -90,8 +90,8 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	}
 	if err != nil {
 		l.metrics.renewal(nil, err)
-		_ = wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: "the listener could not record the renewal; try again"})
-		return errCodeInternal, err
+		l.logger.Warn("record renewal", "nodeId", nodeID, "err", err)
+		return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
 	}
 	res := l.result(out)
 	l.metrics.renewal(res, nil)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/store/boltstore"
+	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/listenertest"
@@ -45,8 +46,12 @@ func TestUnknownWriteOutcomeSpendsTheAttempt(t *testing.T) {
 	s.armed.Store(true)
 	out, err := rawJoin{Secret: sec, StopAfterChallenge: true}.run(context.Background(), l.Endpoint)
 	s.armed.Store(false)
-	if err == nil {
+	if err == nil && len(out.Challenge.KE2) != 0 {
 		t.Fatalf("the listener answered a Challenge (%d bytes) though it could not confirm the count", out.ChallengeSize)
+	}
+	// what it answers instead is the retryable JOIN_UNAVAILABLE
+	if len(out.Results) != 1 || out.Results[0].Code != wire.CodeUnavailable || out.Results[0].RetryAfter < 1 {
+		t.Fatalf("answer to a count of unknown outcome: %+v, %v; want JOIN_UNAVAILABLE", out.Results, err)
 	}
 	c, _ := l.Admin.Code(context.Background(), code.ID)
 	if c.FailedAttempts != 1 {

@@ -264,9 +264,9 @@ func explainKind(err error, endpoint, kind string) error {
 	case errors.As(err, &refused):
 		if refused.Retryable() {
 			if refused.RetryAfter > 0 {
-				return &exitError{3, fmt.Errorf("the listener is busy: %s (retry in %s)", refused.Message, refused.RetryAfter)}
+				return &exitError{3, fmt.Errorf("%s (retry in %s)", refused.Message, refused.RetryAfter)}
 			}
-			return &exitError{3, fmt.Errorf("the listener is busy: %s", refused.Message)}
+			return &exitError{3, fmt.Errorf("%s; try again later", refused.Message)}
 		}
 		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
 	case errors.As(err, &unreachable):

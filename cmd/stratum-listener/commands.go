@@ -44,8 +44,9 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
+	root.PersistentFlags().DurationVar(&adminTimeout, "timeout", 30*time.Second, "how long an admin command waits for the listener's answer")
 	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (or set STRATUM_ADMIN_SOCKET)")
-	root.AddCommand(initCommand(), serveCommand(), codesCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
+	root.AddCommand(initCommand(), serveCommand(), codesCommand(), storeCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
 	// every flag also from STRATUM_<FLAG> (the unit's listener.env)
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		return cli.FlagsFromEnv(cmd, func(err error) error { return usageError{err} })
@@ -71,7 +72,10 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func client() *adminclient.Client { return adminclient.New(adminSocket) }
+// adminTimeout bounds each admin request (--timeout).
+var adminTimeout time.Duration
+
+func client() *adminclient.Client { return adminclient.New(adminSocket).WithTimeout(adminTimeout) }
 
 func initCommand() *cobra.Command {
 	var cfg listener.InitConfig
@@ -241,6 +245,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&cfg.RenewGrace, "renew-grace", 96*time.Hour, "how long after expiry a node certificate still renews; later the node needs a new code")
 	cmd.Flags().Float64Var(&cfg.RetryAbove, "retry-above", 20, "new connections per second from one source above which it must answer a QUIC Retry (raise it for agents behind one NAT)")
 	cmd.Flags().StringVar(&registryFile, "registry", "", "registry file (YAML or JSON): tenants, sites, pools, networks, roles (default: one tenant, site and pool named default)")
+	cmd.Flags().DurationVar(&cfg.StoreTimeout, "store-timeout", listener.DefaultStoreTimeout, "deadline of each store call: past it agents are told JOIN_UNAVAILABLE and the admin API answers 503")
 	cmd.Flags().StringVar(&cfg.HTTPSListen, "https", "", "serve the admin API over HTTPS with bearer API keys on this TCP address (default: off)")
 	cmd.Flags().StringSliceVar(&cfg.HTTPSNames, "https-name", nil, "another DNS name or IP address for the HTTPS admin certificate (repeatable; the join endpoints' names are always in it)")
 	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this TCP address, e.g. 127.0.0.1:9446 (default: off)")
@@ -352,7 +357,21 @@ func codesCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, list, show, revoke)
+	reset := &cobra.Command{
+		Use: "reset-attempts ID", Short: "forget a live join code's failed attempts (recorded as an event)", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			c, err := client().ResetAttempts(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), c)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: failed attempts now %d\n", c.ID, c.FailedAttempts)
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, show, revoke, reset)
 	return cmd
 }
 

@@ -30,7 +30,7 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &u), errors.Is(err, listener.ErrNotInitialized), errors.Is(err, fs.ErrPermission):
 		return cli.ExitUsage
-	case errors.Is(err, adminclient.ErrUnreachable):
+	case errors.Is(err, adminclient.ErrUnreachable), errors.Is(err, adminclient.ErrTimeout):
 		return cli.ExitTransient
 	}
 	return cli.ExitRefused
@@ -41,6 +41,12 @@ func main() {
 	err := rootCommand().ExecuteContext(ctx)
 	stop()
 	if err != nil {
+		var p *adminclient.ProblemError
+		if errors.As(err, &p) && p.Transient() {
+			// the listener answered, its store did not: say so, not "503"
+			fmt.Fprintf(os.Stderr, "stratum-listener: %s (%s); nothing was changed, try again\n", p.Detail, p.Code)
+			os.Exit(cli.ExitTransient)
+		}
 		fmt.Fprintln(os.Stderr, "stratum-listener:", err)
 		os.Exit(exitCode(err))
 	}

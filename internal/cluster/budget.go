@@ -171,10 +171,10 @@ func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
 		if err != nil || !found {
 			return err
 		}
-		if s.Unproven > 0 {
+		// a resumed or refunded attempt is un-counted where that happened
+		if s.proven(att) && s.Unproven > 0 {
 			s.Unproven--
 		}
-		s.dropLease(att.LeaseID)
 		tx.put(secretKey(s.ID), s)
 		return nil
 	})

@@ -61,6 +61,12 @@ var (
 	ErrNameTaken = fmt.Errorf("name %w", ErrExists)
 	// ErrInvalidState means the record is not in a state that allows this.
 	ErrInvalidState = errors.New("invalid state")
+
+	// The store's failures, named for callers that never see the store:
+	// no answer within the deadline, a full disk, a damaged file.
+	ErrStoreUnavailable = store.ErrUnavailable
+	ErrStoreFull        = store.ErrNoSpace
+	ErrStoreDamaged     = store.ErrCorrupt
 )
 
 func (c *Cluster) newEvent(typ, actor string, fields map[string]any) (Event, store.Op) {

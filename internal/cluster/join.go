@@ -2,10 +2,13 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +22,11 @@ type Attempt struct {
 	Secret  *Secret // nil for an unknown locator
 	Counted bool
 	LeaseID string
+	Commit  string // the lease's commitment, "" when none was recorded
+	// Resumed: the start repeated the guess of an attempt counted before
+	// (a crash cut it short), and took its place instead of counting.
+	Resumed bool
+	Guess   string
 	// Burned: this start took the secret past MaxUnproven and burned it.
 	Burned bool
 }
@@ -40,6 +48,26 @@ var ErrBusy = errors.New("too many attempts in flight for this secret")
 // the right code learns why it is refused. An error means the count's
 // outcome is unknown: the caller must not answer.
 func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, error) {
+	return c.Begin(ctx, BeginRequest{Locator: locator})
+}
+
+// BeginRequest starts an attempt.
+type BeginRequest struct {
+	Locator string
+	// Commit is the agent's commitment (Hello field Attempt): the lease
+	// records it, so the attempt can be refunded to a proof that reveals
+	// the nonce. One of the wrong size, or one the secret already holds,
+	// is not recorded; the attempt counts all the same.
+	Commit []byte
+	// Guess names the password guess of the KE1 (pake.GuessOf). A start
+	// whose guess is that of a counted attempt still unproven resumes it
+	// and counts nothing: it asks the same question again.
+	Guess string
+}
+
+// Begin is BeginAttempt with the agent's commitment and guess.
+func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) {
+	locator, commit := req.Locator, req.Commit
 	var att Attempt
 	err := c.update(ctx, func(tx *txn) error {
 		att = Attempt{}
@@ -62,6 +90,13 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 			return nil
 		}
 		s.liveLeases(now)
+		if req.Guess != "" {
+			if l, ok := s.resume(req.Guess, now); ok {
+				att.Counted, att.LeaseID, att.Commit, att.Guess, att.Resumed = true, l.ID, l.Commit, l.Guess, true
+				tx.put(secretKey(s.ID), s)
+				return nil
+			}
+		}
 		if s.Burns() && s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
 			return ErrBusy
 		}
@@ -78,7 +113,14 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 				s.Leases = s.Leases[1:]
 			}
 			att.Counted, att.LeaseID = true, randomID("", 8)
-			s.Leases = append(s.Leases, Lease{ID: att.LeaseID, Until: now.Add(LeaseTime)})
+			l := Lease{ID: att.LeaseID, Until: now.Add(LeaseTime), Guess: req.Guess}
+			if len(commit) == sha256.Size {
+				if h := hex.EncodeToString(commit); !s.knownCommit(h) {
+					l.Commit = h
+				}
+			}
+			s.Leases = append(s.Leases, l)
+			att.Commit, att.Guess = l.Commit, l.Guess
 		}
 		tx.put(secretKey(s.ID), s)
 		return nil
@@ -96,6 +138,17 @@ func (c *Cluster) BeginAttempt(ctx context.Context, locator string) (Attempt, er
 // timeout, broken connection): it stays counted, and its lease is freed
 // so waiting starts can go on. Without this call the lease expires.
 func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
+	return c.endLease(ctx, att, false)
+}
+
+// Orphan ends a counted attempt whose proof never came (the connection
+// broke after the Challenge): it stays counted, and its commitment, if it
+// had one, stays refundable.
+func (c *Cluster) Orphan(ctx context.Context, att Attempt) error {
+	return c.endLease(ctx, att, true)
+}
+
+func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error {
 	if !att.Counted || att.LeaseID == "" {
 		return nil
 	}
@@ -106,7 +159,7 @@ func (c *Cluster) Abandon(ctx context.Context, att Attempt) error {
 			return err
 		}
 		before := len(s.Leases)
-		s.dropLease(att.LeaseID)
+		s.dropLease(att.LeaseID, orphan)
 		if len(s.Leases) != before {
 			c.failedEvent(tx, &s)
 			tx.put(secretKey(s.ID), s)
@@ -161,7 +214,10 @@ type Cert struct {
 
 // ProveRequest completes a join whose KE3 verified.
 type ProveRequest struct {
-	Attempt   Attempt
+	Attempt Attempt
+	// Refunds are the nonces of this agent's earlier attempts with the
+	// code that were never proven (Proof field Refunds).
+	Refunds   [][]byte
 	Facts     wire.Facts
 	KeyFP     string // SHA-256 of the CSR's public key
 	CurrentCA string // fingerprint of the current root
@@ -217,9 +273,12 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 			return nil
 		}
 		now := c.now().UTC()
-		if req.Attempt.Counted && s.Unproven > 0 {
+		if req.Attempt.Counted && s.Unproven > 0 && s.proven(req.Attempt) {
 			s.Unproven--
-			s.dropLease(req.Attempt.LeaseID)
+		}
+		s.liveLeases(now)
+		if n := s.refund(req.Refunds); n > 0 {
+			tx.event(EventAttemptsRefunded, SystemActor, map[string]any{"id": s.ID, "refunded": n, "failedAttempts": s.Unproven})
 		}
 		if out, err = c.prove(tx, &s, req, now); err != nil {
 			return err
@@ -609,4 +668,78 @@ func slicesContains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// ResetAttempts forgets the failed attempts of a live secret: its count
+// drops to the attempts still in flight, and its orphans are cleared. It
+// is the operator's way out for a code whose holders lost their attempts
+// (a machine reinstalled with its state), recorded as an event.
+func (c *Cluster) ResetAttempts(ctx context.Context, id, actor string) (*Secret, error) {
+	var s Secret
+	err := c.update(ctx, func(tx *txn) error {
+		s = Secret{}
+		found, err := tx.getJSON(secretKey(id), &s)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return ErrNotFound
+		}
+		now := c.now().UTC()
+		if !s.Live(now) {
+			return fmt.Errorf("%w: %s is %s; only a live secret's attempts can be reset", ErrInvalidState, id, s.State(now))
+		}
+		s.liveLeases(now)
+		before := s.Unproven
+		s.Unproven, s.Orphans, s.ModifiedAt = len(s.Leases), nil, now
+		tx.put(secretKey(id), s)
+		tx.event(EventAttemptsReset, actor, map[string]any{"id": id, "kind": s.Kind, "failedAttemptsBefore": before - len(s.Leases), "inFlight": len(s.Leases)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reset attempts: %w", err)
+	}
+	return &s, nil
+}
+
+// resume finds the counted attempt that asked guess, orphaned or still
+// leased (its connection died with a listener), and leases it again.
+func (s *Secret) resume(guess string, now time.Time) (Lease, bool) {
+	l := Lease{ID: randomID("", 8), Until: now.Add(LeaseTime), Guess: guess}
+	if i := slices.IndexFunc(s.Orphans, func(o Orphan) bool { return o.Guess == guess }); i >= 0 {
+		l.Commit = s.Orphans[i].Commit
+		s.Orphans = slices.Delete(s.Orphans, i, i+1)
+		s.Leases = append(s.Leases, l)
+		return l, true
+	}
+	if i := slices.IndexFunc(s.Leases, func(x Lease) bool { return x.Guess == guess }); i >= 0 {
+		l.Commit = s.Leases[i].Commit
+		s.Leases[i] = l
+		return l, true
+	}
+	return Lease{}, false
+}
+
+// proven ends the lease of a proven attempt and reports whether the
+// attempt was still counted: an attempt that carried a commitment or a
+// guess may have been taken over by a resumed start, or refunded, and is
+// then un-counted there, not twice.
+func (s *Secret) proven(att Attempt) bool {
+	before := len(s.Leases)
+	s.dropLease(att.LeaseID, false)
+	if len(s.Leases) != before {
+		return true
+	}
+	if att.Commit == "" && att.Guess == "" {
+		return true // an attempt of an agent that sends neither: as before
+	}
+	// its lease expired into an orphan meanwhile
+	i := slices.IndexFunc(s.Orphans, func(o Orphan) bool {
+		return (att.Commit != "" && o.Commit == att.Commit) || (att.Guess != "" && o.Guess == att.Guess)
+	})
+	if i < 0 {
+		return false
+	}
+	s.Orphans = slices.Delete(s.Orphans, i, i+1)
+	return true
 }

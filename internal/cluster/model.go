@@ -15,6 +15,9 @@
 package cluster
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/pake"
@@ -149,6 +152,14 @@ type Secret struct {
 	// Leases are the counted attempts still in flight: their KE3 may yet
 	// verify. An expired lease is a failed attempt (it stays counted).
 	Leases []Lease `json:"leases,omitempty"`
+	// Orphans are the commitments of counted attempts whose proof never
+	// came (the listener died, the connection broke, the lease expired).
+	// They stay counted until a proof of the code reveals the nonce
+	// behind one: only the agent that made the attempt knows it, and only
+	// a holder of the code can send a proof (docs/store.md).
+	Orphans []Orphan `json:"orphans,omitempty"`
+	// Refunded are the last commitments refunded.
+	Refunded []string `json:"refunded,omitempty"`
 	// AddressesUsed counts addresses handed out per CIDR (join keys).
 	// Deprecated: addresses are counted per network (addr/<network>/<cidr>)
 	// so that two keys of one network never hand out the same address.
@@ -193,27 +204,107 @@ func (s *Secret) usedUp() bool {
 type Lease struct {
 	ID    string    `json:"id"`
 	Until time.Time `json:"until"`
+	// Commit is the agent's commitment for this attempt: hex SHA-256 of a
+	// nonce only the agent knows (see Orphans).
+	Commit string `json:"commit,omitempty"`
+	// Guess names the password guess of the attempt (pake.GuessOf its
+	// KE1): a start that repeats it resumes this attempt.
+	Guess string `json:"guess,omitempty"`
 }
 
-// liveLeases drops expired leases.
+// Orphan is a counted attempt whose proof never came.
+type Orphan struct {
+	Commit string `json:"commit,omitempty"`
+	Guess  string `json:"guess,omitempty"`
+}
+
+// liveLeases drops expired leases; the commitments of those that carried
+// one become orphans, refundable to whoever reveals the nonce.
 func (s *Secret) liveLeases(now time.Time) {
 	kept := s.Leases[:0]
 	for _, l := range s.Leases {
 		if now.Before(l.Until) {
 			kept = append(kept, l)
+		} else if l.Commit != "" || l.Guess != "" {
+			s.Orphans = append(s.Orphans, Orphan{l.Commit, l.Guess})
 		}
 	}
 	s.Leases = kept
 }
 
-func (s *Secret) dropLease(id string) {
+// dropLease ends a lease; orphan keeps its commitment refundable (the
+// proof never came), otherwise it is forgotten (the proof failed, or the
+// attempt was proven).
+func (s *Secret) dropLease(id string, orphan bool) {
 	kept := s.Leases[:0]
 	for _, l := range s.Leases {
 		if l.ID != id {
 			kept = append(kept, l)
+		} else if orphan && (l.Commit != "" || l.Guess != "") {
+			s.Orphans = append(s.Orphans, Orphan{l.Commit, l.Guess})
 		}
 	}
 	s.Leases = kept
+}
+
+// knownCommit reports whether c is held by a lease, an orphan or a
+// refund already made: such a commitment is not stored again, so no
+// commitment ever stands for two counted attempts.
+func (s *Secret) knownCommit(c string) bool {
+	for _, l := range s.Leases {
+		if l.Commit == c {
+			return true
+		}
+	}
+	return slices.ContainsFunc(s.Orphans, func(o Orphan) bool { return o.Commit == c }) || slicesContains(s.Refunded, c)
+}
+
+// MaxRefundsPerProof bounds the nonces one Proof may reveal.
+const MaxRefundsPerProof = 16
+
+// maxRefundedKept is how many refunded commitments a secret remembers,
+// so a nonce revealed again (its Result was lost) refunds nothing.
+const maxRefundedKept = 64
+
+// refund gives back at most one counted attempt per nonce whose
+// commitment is an orphan or a lease of s, and reports how many it gave back. Every
+// orphan with that commitment is removed, so a commitment copied by a
+// guesser never refunds more than the one attempt of its owner.
+func (s *Secret) refund(nonces [][]byte) int {
+	n := 0
+	for i, nonce := range nonces {
+		if i == MaxRefundsPerProof || len(nonce) != AttemptNonceSize {
+			break
+		}
+		c := CommitOf(nonce)
+		// a lease still in flight counts too: its owner is proving on
+		// another connection, so that one will never finish
+		leased := slices.ContainsFunc(s.Leases, func(l Lease) bool { return l.Commit == c })
+		orphaned := slices.ContainsFunc(s.Orphans, func(o Orphan) bool { return o.Commit == c })
+		if !leased && !orphaned {
+			continue
+		}
+		s.Leases = slices.DeleteFunc(s.Leases, func(l Lease) bool { return l.Commit == c })
+		s.Orphans = slices.DeleteFunc(s.Orphans, func(o Orphan) bool { return o.Commit == c })
+		s.Refunded = append(s.Refunded, c)
+		if len(s.Refunded) > maxRefundedKept {
+			s.Refunded = s.Refunded[len(s.Refunded)-maxRefundedKept:]
+		}
+		if s.Unproven > 0 {
+			s.Unproven--
+			n++
+		}
+	}
+	return n
+}
+
+// AttemptNonceSize is the size of an agent's attempt nonce.
+const AttemptNonceSize = 32
+
+// CommitOf is the commitment to an attempt nonce: hex SHA-256.
+func CommitOf(nonce []byte) string {
+	h := sha256.Sum256(nonce)
+	return hex.EncodeToString(h[:])
 }
 
 // Node is a joined machine.
@@ -339,4 +430,6 @@ const (
 	EventCARotated        = "ca.rotated"
 	EventCARetired        = "ca.retired"
 	EventKeyRevoked       = "security.join-key.revoked"
+	EventAttemptsRefunded = "security.join-code.attempts-refunded"
+	EventAttemptsReset    = "security.join-code.attempts-reset"
 )

@@ -48,21 +48,6 @@ func mintKind(t *testing.T, c *cluster.Cluster, id, kind string, maxUses int) *c
 	return s
 }
 
-func prove(t *testing.T, c *cluster.Cluster, att cluster.Attempt, key string) cluster.Outcome {
-	t.Helper()
-	out, err := c.Prove(context.Background(), cluster.ProveRequest{
-		Attempt: att, KeyFP: key, CurrentCA: "fp",
-		NewNodeID: func() (string, error) { return "node-" + key, nil },
-		Issue: func(id, role string) (cluster.Cert, error) {
-			return cluster.Cert{Serial: "serial-" + id, NotAfter: time.Now().Add(time.Hour)}, nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func eventsOf(t *testing.T, c *cluster.Cluster, typ string) []cluster.Event {
 	t.Helper()
 	evs, err := c.Events(context.Background(), "", 0)

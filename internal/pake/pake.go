@@ -313,13 +313,18 @@ type ClientLogin struct {
 
 // Start begins a login: it returns KE1. One ClientLogin per attempt.
 func Start(bindingCtx []byte, locator string, password []byte) (*ClientLogin, []byte, error) {
+	return start(bindingCtx, locator, password, ecc.Ristretto255Sha512.NewScalar().Random())
+}
+
+// start begins a login with the OPRF blind given; the AKE key share is
+// always fresh.
+func start(bindingCtx []byte, locator string, password []byte, blind *ecc.Scalar) (*ClientLogin, []byte, error) {
 	c, err := configuration(bindingCtx).Client()
 	if err != nil {
 		return nil, nil, fmt.Errorf("opaque client: %w", err)
 	}
 	defer c.ClearState()
-	g := ecc.Ristretto255Sha512
-	blind, esk := g.NewScalar().Random(), g.NewScalar().Random()
+	esk := ecc.Ristretto255Sha512.NewScalar().Random()
 	ke1, err := c.GenerateKE1(password, &opaque.ClientOptions{OPRFBlind: blind.Copy(), AKE: &opaque.AKEOptions{SecretKeyShare: esk.Copy()}})
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate KE1: %w", err)

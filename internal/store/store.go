@@ -149,3 +149,20 @@ func CheckTxn(cmps []Cmp, ops []Op) error {
 	}
 	return nil
 }
+
+// Dumper is implemented by backends that can read everything they hold
+// as of one revision, page by page, for a backup taken while serving.
+type Dumper interface {
+	Dump(ctx context.Context, page func([]KV) error) error
+}
+
+// Unwrap returns the backend under wrappers such as Deadline.
+func Unwrap(s Store) Store {
+	for {
+		u, ok := s.(interface{ Unwrap() Store })
+		if !ok {
+			return s
+		}
+		s = u.Unwrap()
+	}
+}

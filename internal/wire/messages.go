@@ -15,6 +15,10 @@ type Hello struct {
 	Version uint   `cbor:"1,keyasint"`
 	Locator string `cbor:"2,keyasint"`
 	KE1     []byte `cbor:"3,keyasint"`
+	// Attempt is the agent's commitment for this attempt, SHA-256 of a
+	// nonce it keeps on disk: a later Proof that reveals the nonce gets
+	// the attempt back if it was orphaned (never proven).
+	Attempt []byte `cbor:"4,keyasint,omitempty"`
 }
 
 func (*Hello) Type() byte { return TypeHello }
@@ -27,9 +31,17 @@ func (m *Hello) Check() error {
 		return errors.New("malformed locator")
 	case len(m.KE1) != pake.KE1Size:
 		return fmt.Errorf("KE1 is %d bytes, want %d", len(m.KE1), pake.KE1Size)
+	case len(m.Attempt) != 0 && len(m.Attempt) != AttemptSize:
+		return fmt.Errorf("attempt commitment is %d bytes, want %d", len(m.Attempt), AttemptSize)
 	}
 	return nil
 }
+
+// AttemptSize is the size of an attempt commitment and of its nonce.
+const AttemptSize = 32
+
+// MaxRefunds bounds the nonces one Proof reveals.
+const MaxRefunds = 16
 
 // Challenge answers Hello. CAChain holds the CA certificates (DER) the
 // record was minted under, issuing CA first and root last; the agent
@@ -57,10 +69,13 @@ func (m *Challenge) Check() error {
 // TPM, when present, offers to prove that the key lives in a TPM: the
 // listener then answers with a TPMChallenge before the Result.
 type Proof struct {
-	KE3   []byte    `cbor:"1,keyasint"`
-	CSR   []byte    `cbor:"2,keyasint"`
-	Facts Facts     `cbor:"3,keyasint"`
-	TPM   *TPMClaim `cbor:"5,keyasint,omitempty"`
+	KE3   []byte `cbor:"1,keyasint"`
+	CSR   []byte `cbor:"2,keyasint"`
+	Facts Facts  `cbor:"3,keyasint"`
+	// Refunds are the nonces of the agent's earlier attempts with this
+	// code that it never saw finish (at most MaxRefunds).
+	Refunds [][]byte  `cbor:"4,keyasint,omitempty"`
+	TPM     *TPMClaim `cbor:"5,keyasint,omitempty"`
 }
 
 // TPMClaim names the TPM and the keys an attestation is about, in the
@@ -132,6 +147,13 @@ func (m *Proof) Check() error {
 		return fmt.Errorf("KE3 is %d bytes, want %d", len(m.KE3), pake.KE3Size)
 	case len(m.CSR) == 0 || len(m.CSR) > 8<<10:
 		return fmt.Errorf("CSR is %d bytes, want 1..8192", len(m.CSR))
+	case len(m.Refunds) > MaxRefunds:
+		return fmt.Errorf("%d refund nonces, at most %d", len(m.Refunds), MaxRefunds)
+	}
+	for _, n := range m.Refunds {
+		if len(n) != AttemptSize {
+			return fmt.Errorf("refund nonce is %d bytes, want %d", len(n), AttemptSize)
+		}
 	}
 	if m.TPM != nil {
 		if err := m.TPM.check(); err != nil {
@@ -178,7 +200,12 @@ const (
 	CodeNodeUnknown      = "NODE_UNKNOWN"
 	CodeCertInvalid      = "NODE_CERT_INVALID"
 	CodeAddressExhausted = "ADDRESS_POOL_EXHAUSTED"
-	CodeUnavailable      = "UNAVAILABLE" // transient: retry later
+	// CodeUnavailable: the listener cannot reach its store (no answer
+	// within its deadline, a full disk, a damaged file). It is the one
+	// refusal a listener sends before the PAKE, in place of a Challenge,
+	// since it says nothing about the code; it is retryable, after
+	// Result.RetryAfter seconds.
+	CodeUnavailable = "JOIN_UNAVAILABLE"
 	// CodeRateLimited answers, before any KE2 and whatever the locator, a
 	// start from a source that spent its budget of unproven starts; the
 	// Result's RetryAfter says when to come back.
@@ -225,7 +252,7 @@ type Result struct {
 	// The agent checks it against its own and prints it.
 	SAS string `cbor:"12,keyasint,omitempty"`
 	// RetryAfter is how many seconds to wait before retrying a retryable
-	// refusal (JOIN_RATE_LIMITED).
+	// refusal (JOIN_UNAVAILABLE, JOIN_RATE_LIMITED).
 	RetryAfter int64 `cbor:"13,keyasint,omitempty"`
 	// PendingFor is how many seconds the listener holds a pending join
 	// open; the agent waits that long for the next Result.

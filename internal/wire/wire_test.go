@@ -25,6 +25,9 @@ func samples() []Message {
 		&Result{Status: StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{cert}, CABundle: [][]byte{cert}, Host: &Host{Name: "h", NetworkID: "n"}},
 		&Result{Status: StatusPending, JoinID: "join-1"},
 		&Result{Status: StatusRefused, Code: CodeStale, Message: "stale"},
+		&Hello{Version: Version, Locator: "4F", KE1: make([]byte, pake.KE1Size), Attempt: bytes.Repeat([]byte{4}, AttemptSize)},
+		&Proof{KE3: make([]byte, pake.KE3Size), CSR: []byte{1}, Refunds: [][]byte{bytes.Repeat([]byte{5}, AttemptSize)}},
+		&Result{Status: StatusRefused, Code: CodeUnavailable, Message: "the listener cannot reach its store", RetryAfter: 5},
 		&Result{Status: StatusRefused, Code: CodeRateLimited, Message: "later", RetryAfter: 30},
 		&Result{Status: StatusPending, JoinID: "join-2", PendingFor: 86400},
 	}

@@ -1,9 +1,12 @@
 package adminapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -223,6 +226,28 @@ func (s *Server) revokeCode(w http.ResponseWriter, r *http.Request, p Principal)
 	return nil
 }
 
+// resetAttempts forgets the failed attempts of a live code (its holders
+// lost them to crashes, say); in-flight attempts stay counted. It gates on
+// revoking: both decide whether the code can still be used.
+func (s *Server) resetAttempts(w http.ResponseWriter, r *http.Request, p Principal) error {
+	if !p.may(ActionRevokeJoinCode, ResourceCluster) {
+		return errForbidden("needs " + ActionRevokeJoinCode + " on " + ResourceCluster)
+	}
+	sec, err := s.codeFor(r, p)
+	if err != nil {
+		return err
+	}
+	sec, err = s.core.Cluster().ResetAttempts(r.Context(), sec.ID, p.Name)
+	if errors.Is(err, cluster.ErrInvalidState) {
+		return &apiError{kind: kindInvalidState, msg: "only a live join code's attempts can be reset; this one is no longer live"}
+	}
+	if err != nil {
+		return errInternal(err)
+	}
+	writeJSON(w, http.StatusOK, toCode(sec, s.core.Cluster().Now()))
+	return nil
+}
+
 // NodeView is a node as the admin API shows it. Facts are claimed by the
 // machine, never attested; Attested is what its TPM proved, if anything.
 type NodeView struct {
@@ -406,6 +431,39 @@ func (s *Server) caView() CAView {
 		Fingerprint: fp, Subject: ca.Cert().Subject.String(), NotBefore: ca.Cert().NotBefore, NotAfter: ca.Cert().NotAfter,
 		Intermediate: !ca.IsRoot(), RootsPEM: string(pki.EncodeCertsPEM(s.core.Roots())), TrustDomain: s.core.TrustDomain(), Endpoint: s.core.Endpoint(),
 	}
+}
+
+// backer is what a core that can back up its store offers.
+type backer interface {
+	Backup(ctx context.Context, w io.Writer) (int64, error)
+}
+
+// backupStore streams a consistent copy of the store, as a bbolt file,
+// taken while the listener serves. It is written to a temporary file
+// first, so a failure is answered as one and never as a short file.
+func (s *Server) backupStore(w http.ResponseWriter, r *http.Request, _ Principal) error {
+	b, ok := s.core.(backer)
+	if !ok {
+		return &apiError{kind: kindInvalidState, msg: "this listener cannot back up its store"}
+	}
+	tmp, err := os.CreateTemp("", "stratum-backup-*")
+	if err != nil {
+		return errInternal(err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	n, err := b.Backup(r.Context(), tmp)
+	if err != nil {
+		return errInternal(fmt.Errorf("backup: %w", err))
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return errInternal(err)
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.Copy(w, tmp)
+	return nil
 }
 
 func (s *Server) getCA(w http.ResponseWriter, _ *http.Request, _ Principal) error {

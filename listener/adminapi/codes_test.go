@@ -165,3 +165,37 @@ func TestJoinCodesList(t *testing.T) {
 		t.Fatalf("join with a revoked code: %v", err)
 	}
 }
+
+// TestResetAttempts: `reset-attempts` drops a live code's failed count to
+// 0 and records who did it; a code that is not live is refused.
+func TestResetAttempts(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	r := e.do(admin, "POST", codesPath, map[string]any{"pool": "pool-a", "maxUses": 0})
+	code := r.json(t)
+	for range 4 {
+		att, err := e.l.Cluster().BeginAttempt(ctx, code["selector"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.l.Cluster().Abandon(ctx, att); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := code["id"].(string)
+	if got := e.do(admin, "GET", codesPath+"/"+id, nil).json(t)["failedAttempts"]; got != float64(4) {
+		t.Fatalf("failedAttempts %v before the reset, want 4", got)
+	}
+	r = e.do(admin, "POST", codesPath+"/"+id+"/reset-attempts", nil)
+	if r.status != 200 || r.json(t)["failedAttempts"] != float64(0) {
+		t.Fatalf("reset: %d %s", r.status, r.body)
+	}
+	evs := e.events(cluster.EventAttemptsReset)
+	if len(evs) != 1 || evs[0].Actor != "uid:0" || evs[0].Fields["failedAttemptsBefore"] != float64(4) || evs[0].Fields["id"] != id {
+		t.Fatalf("reset events %+v", evs)
+	}
+	e.do(admin, "POST", codesPath+"/"+id+"/revoke", nil)
+	if r := e.do(admin, "POST", codesPath+"/"+id+"/reset-attempts", nil); r.status != 409 || r.json(t)["code"] != "INVALID_STATE" {
+		t.Fatalf("reset of a revoked code: %d %s", r.status, r.body)
+	}
+}

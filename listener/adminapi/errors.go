@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
+
+	"github.com/stratumjoin/stratum/internal/cluster"
 )
 
 // kind is what went wrong, independent of any facade; Server.fail maps it
@@ -28,6 +31,7 @@ const (
 	kindMediaType   // a request body that is not application/json
 	// kindApprovalRefused: an approval whose SAS is not the join's
 	kindApprovalRefused
+	kindUnavailable // the store did not answer in time, is full or damaged
 )
 
 // apiError is a failure with a message that is safe to show. cause, for
@@ -107,6 +111,7 @@ const (
 	CodeInternal        = "INTERNAL"
 	CodeMethod          = "METHOD_NOT_ALLOWED"
 	CodeTooMany         = "TOO_MANY_REQUESTS"
+	CodeUnavailable     = "UNAVAILABLE"
 	CodeMediaType       = "UNSUPPORTED_MEDIA_TYPE"
 	CodeApprovalRefused = "JOIN_APPROVAL_REFUSED"
 	problemTypeBase     = "https://stratum.dev/problems/"
@@ -132,6 +137,7 @@ const (
 	TokenPermissionDenied = "PERMISSION_DENIED"
 	TokenMethod           = "METHOD_NOT_ALLOWED"
 	TokenInternal         = "INTERNAL"
+	TokenUnavailable      = "UNAVAILABLE"
 )
 
 // KeyError is one entry of seed 003's {"errors": [...]}.
@@ -154,6 +160,7 @@ const (
 	KeyErrNotFound       = "ERR_NOT_FOUND"
 	KeyErrMethod         = "ERR_METHOD_NOT_ALLOWED"
 	KeyErrInternal       = "ERR_INTERNAL"
+	KeyErrUnavailable    = "ERR_SERVICE_UNAVAILABLE"
 )
 
 // mapping is a kind's status and its code in each facade: code for the
@@ -181,6 +188,33 @@ var mappings = map[kind]mapping{
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
 	kindMediaType:       {http.StatusUnsupportedMediaType, CodeMediaType, TokenInvalidInput, KeyErrMediaType},
 	kindApprovalRefused: {http.StatusConflict, CodeApprovalRefused, TokenInvalidState, keyErrInvalidValue},
+	kindUnavailable:     {http.StatusServiceUnavailable, CodeUnavailable, TokenUnavailable, KeyErrUnavailable},
+}
+
+// storeFailure names a store failure for the caller: what happened, never
+// the store's own words (they may name keys). ok is false for any other
+// error.
+func storeFailure(err error) (msg string, ok bool) {
+	switch {
+	case errors.Is(err, cluster.ErrStoreFull):
+		return "the listener's store is out of disk space until an operator makes room", true
+	case errors.Is(err, cluster.ErrStoreDamaged):
+		return "the listener's store is damaged; an operator must restore it from a backup (see the listener log)", true
+	case errors.Is(err, cluster.ErrStoreUnavailable):
+		return "the listener cannot reach its store", true
+	}
+	return "", false
+}
+
+// retryAfter is the Retry-After of a 503, in seconds: the listener's store
+// deadline, when the core names one.
+func (s *Server) retryAfter() string {
+	if c, ok := s.core.(interface{ StoreTimeout() time.Duration }); ok {
+		if d := c.StoreTimeout(); d > 0 {
+			return strconv.Itoa(int(d.Seconds() + 0.999))
+		}
+	}
+	return "5"
 }
 
 // fail writes err in facade f's shape. Internal errors are logged with the
@@ -189,6 +223,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	var e *apiError
 	if !errors.As(err, &e) {
 		e = errInternal(err)
+	}
+	if e.kind == kindInternal {
+		if msg, ok := storeFailure(e.cause); ok {
+			s.logger.Warn("admin request: store failed", "requestId", requestIDOf(r), "path", r.URL.Path, "err", e.cause)
+			e = &apiError{kind: kindUnavailable, msg: msg}
+		}
+	}
+	if e.kind == kindUnavailable {
+		w.Header().Set("Retry-After", s.retryAfter())
 	}
 	if e.kind == kindInternal {
 		s.logger.Error("admin request failed", "requestId", requestIDOf(r), "path", r.URL.Path, "err", e.cause)

@@ -84,10 +84,7 @@ func loadTestRegistry(t testing.TB) *registry.Registry {
 	return reg
 }
 
-func newEnv(t testing.TB) *env { t.Helper(); return newEnvWith(t, nil) }
-
-// newEnvWith is newEnv with change applied to the listener's Config.
-func newEnvWith(t testing.TB, change func(*listener.Config)) *env {
+func newEnv(t testing.TB, opts ...func(*listener.Config)) *env {
 	t.Helper()
 	logs := &syncBuffer{}
 	clk := &clock{}
@@ -97,8 +94,8 @@ func newEnvWith(t testing.TB, change func(*listener.Config)) *env {
 		HTTPSListen: "127.0.0.1:0",
 		Logger:      slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
-	if change != nil {
-		change(&cfg)
+	for _, o := range opts {
+		o(&cfg)
 	}
 	l := listenertest.Start(t, listenertest.Options{Config: cfg})
 	pool := x509.NewCertPool()

@@ -37,7 +37,7 @@ func TestTokensAndKeysNeverBurn(t *testing.T) {
 	// every guess comes from 127.0.0.1: lift the per-source budget of
 	// unproven attempts, which would refuse the ninth, to test the
 	// per-secret rules alone
-	e := newEnvWith(t, func(c *listener.Config) { c.UnprovenPerSource = -1 })
+	e := newEnv(t, func(c *listener.Config) { c.UnprovenPerSource = -1 })
 	tokens := e.apiKey("acme", []string{"compute:join-tokens:create@compute-pool/*", "compute:join-tokens:read@compute-pool/*"})
 	keys := e.apiKey("acme", nil, allKeyScopes()...)
 

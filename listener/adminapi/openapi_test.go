@@ -95,15 +95,16 @@ func TestOpenAPIRefsAndCodes(t *testing.T) {
 		"#/components/schemas/TokenError/properties/error/properties/code": {
 			adminapi.TokenInvalidInput, adminapi.TokenNotFound, adminapi.TokenConflict, adminapi.TokenInvalidState,
 			adminapi.TokenUnauthenticated, adminapi.TokenPermissionDenied, adminapi.TokenMethod, adminapi.TokenInternal,
+			adminapi.TokenUnavailable,
 		},
 		"#/components/schemas/KeyErrors/properties/errors/items/properties/code": {
 			adminapi.KeyErrDuplicateValue, adminapi.KeyErrLimitExceeded, adminapi.KeyErrUnauthorized, adminapi.KeyErrForbidden,
-			adminapi.KeyErrTooMany, adminapi.KeyErrNotFound, adminapi.KeyErrMethod, adminapi.KeyErrInternal,
+			adminapi.KeyErrTooMany, adminapi.KeyErrNotFound, adminapi.KeyErrMethod, adminapi.KeyErrInternal, adminapi.KeyErrUnavailable,
 			"ERR_INVALID_VALUE", "ERR_MISSING_VALUE", "ERR_INVALID_REFERENCE",
 		},
 		"#/components/schemas/Problem/properties/code": {
 			adminapi.CodeInvalidInput, adminapi.CodeNotFound, adminapi.CodeForbidden, adminapi.CodeUnauthorized, adminapi.CodeLimitExceeded,
-			adminapi.CodeInvalidState, adminapi.CodeConflict, adminapi.CodeInternal, adminapi.CodeMethod, adminapi.CodeTooMany, adminapi.CodeApprovalRefused,
+			adminapi.CodeInvalidState, adminapi.CodeConflict, adminapi.CodeInternal, adminapi.CodeMethod, adminapi.CodeTooMany, adminapi.CodeUnavailable, adminapi.CodeApprovalRefused,
 		},
 		"#/components/schemas/Grant/properties/action":               adminapi.Actions(),
 		"#/components/schemas/APIKeyRequest/properties/scopes/items": adminapi.Scopes(),

@@ -104,6 +104,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes", h: s.mintCode},
 		{method: http.MethodGet, path: "/v1/admin/cluster/join-codes/{id}", h: s.getCode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/revoke", h: s.revokeCode},
+		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/reset-attempts", h: s.resetAttempts},
 
 		// the bootstrap admin's cluster routes, in seed 004's style
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes", adminOnly: true, h: s.listNodes},
@@ -118,6 +119,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodPost, path: "/v1/admin/cluster/ca/rotate", adminOnly: true, h: s.rotateCA},
 		{method: http.MethodPost, path: "/v1/admin/cluster/ca/retire", adminOnly: true, h: s.retireCA},
 		{method: http.MethodGet, path: "/v1/admin/cluster/events", adminOnly: true, h: s.listEvents},
+		{method: http.MethodGet, path: "/v1/admin/cluster/store/backup", adminOnly: true, h: s.backupStore},
 		{method: http.MethodGet, path: "/v1/admin/registry", adminOnly: true, h: s.showRegistry},
 		{method: http.MethodPost, path: "/v1/admin/api-keys", adminOnly: true, h: s.createAPIKey},
 		{method: http.MethodGet, path: "/v1/admin/api-keys", adminOnly: true, h: s.listAPIKeys},

@@ -40,7 +40,8 @@ type Client struct {
 	socket string
 }
 
-// New returns a client for the unix socket at path.
+// New returns a client for the unix socket at path; each request may take
+// up to 6 minutes (see WithTimeout).
 func New(path string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -51,8 +52,22 @@ func New(path string) *Client {
 	return &Client{http: &http.Client{Transport: tr, Timeout: 6 * time.Minute}, base: "http://stratum-admin", socket: path}
 }
 
+// WithTimeout bounds each request to d: past it the request fails with
+// ErrTimeout.
+func (c *Client) WithTimeout(d time.Duration) *Client {
+	if d > 0 {
+		c.http.Timeout = d
+	}
+	return c
+}
+
 // ProblemError is an error answer of the API.
 type ProblemError struct{ adminapi.Problem }
+
+// Transient reports whether the listener answered that it cannot serve
+// the request now (503: its store did not answer, is full or damaged) and
+// the same request may succeed later.
+func (e *ProblemError) Transient() bool { return e.Status == http.StatusServiceUnavailable }
 
 func (e *ProblemError) Error() string {
 	msg := fmt.Sprintf("%s: %s", e.Code, e.Detail)
@@ -64,6 +79,10 @@ func (e *ProblemError) Error() string {
 
 // ErrUnreachable means the socket could not be reached.
 var ErrUnreachable = errors.New("cannot reach the listener's admin socket")
+
+// ErrTimeout means the listener did not answer within the client's
+// timeout.
+var ErrTimeout = errors.New("the listener did not answer in time")
 
 // connError names the socket and the likely cause, not the request's URL
 // (the host in it is a placeholder the socket dialer ignores). A
@@ -104,6 +123,10 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.http.Do(req)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+		return fmt.Errorf("%w (%s): %s %s", ErrTimeout, c.http.Timeout, method, path)
+	}
 	if err != nil {
 		return c.connError(err)
 	}
@@ -115,6 +138,10 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	if resp.StatusCode >= 300 {
 		var p ProblemError
 		if json.Unmarshal(b, &p.Problem) != nil || p.Code == "" {
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				p.Problem = adminapi.Problem{Status: resp.StatusCode, Code: adminapi.CodeUnavailable, Detail: resp.Status}
+				return &p
+			}
 			return fmt.Errorf("admin api: %s", resp.Status)
 		}
 		return &p
@@ -125,6 +152,36 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	return nil
 }
 
+// Backup streams a backup of the listener's store into w (a bbolt file).
+func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/admin/cluster/store/backup", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+		return 0, fmt.Errorf("%w (%s): store backup", ErrTimeout, c.http.Timeout)
+	}
+	if err != nil {
+		return 0, c.connError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var p ProblemError
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &p.Problem) != nil || p.Code == "" {
+			return 0, fmt.Errorf("admin api: %s", resp.Status)
+		}
+		return 0, &p
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
+		err = fmt.Errorf("the backup was cut short: %d of %d bytes", n, resp.ContentLength)
+	}
+	return n, err
+}
+
 type items[T any] struct {
 	Items []T `json:"items"`
 }
@@ -133,6 +190,13 @@ type items[T any] struct {
 func (c *Client) MintCode(ctx context.Context, req adminapi.MintCodeRequest) (adminapi.Code, error) {
 	var out adminapi.Code
 	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/join-codes", req, &out)
+	return out, err
+}
+
+// ResetAttempts forgets the failed attempts of a live join code.
+func (c *Client) ResetAttempts(ctx context.Context, id string) (adminapi.Code, error) {
+	var out adminapi.Code
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/join-codes/"+url.PathEscape(id)+"/reset-attempts", nil, &out)
 	return out, err
 }
 

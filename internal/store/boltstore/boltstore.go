@@ -25,6 +25,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -85,11 +86,15 @@ type Options struct {
 	// Timeout bounds the wait for the file lock that another open of the same
 	// file holds; zero means DefaultTimeout. bbolt would otherwise wait forever.
 	Timeout time.Duration
+	// ReadOnly opens an existing file without writing it (store check).
+	ReadOnly bool
 }
 
 // Store is a store.Store on one bbolt file.
 type Store struct {
-	db *bolt.DB
+	db     *bolt.DB
+	path   string
+	broken atomic.Pointer[error]
 	// watch tells in-process watchers of committed writes: every writer of
 	// the file is in this process, since bbolt locks it.
 	watch store.Notifier
@@ -121,11 +126,31 @@ func Open(path string, opts Options) (*Store, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("stat store file: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout})
+	if err := checkFile(path); err != nil {
+		return nil, err
+	}
+	if opts.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("store file: %w", err)
+		}
+	}
+	s := &Store{path: path}
+	err := s.guard(func() error {
+		var err error
+		s.db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.Timeout, ReadOnly: opts.ReadOnly})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("open store file %s: %w", path, err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	if err := s.consistent(); err != nil {
+		_ = s.db.Close()
+		return nil, err
+	}
+	if opts.ReadOnly {
+		return s, nil
+	}
+	err = s.update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketKV, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -134,10 +159,10 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil
 	})
 	if err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("initialise store file %s: %w", path, err)
+		_ = s.db.Close()
+		return nil, fmt.Errorf("initialise store file %s: %w", path, store.NameSpace(err))
 	}
-	return &Store{db: db}, nil
+	return s, nil
 }
 
 // Close releases the file and its lock.
@@ -180,7 +205,7 @@ func (s *Store) Get(ctx context.Context, key string) (store.KV, error) {
 		return store.KV{}, err
 	}
 	kv := store.KV{Key: key}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bucketKV).Get([]byte(key))
 		if raw == nil {
 			return nil
@@ -206,7 +231,7 @@ func (s *Store) List(ctx context.Context, prefix, after string, limit int) ([]st
 		start = append([]byte(after), 0)
 	}
 	var out []store.KV
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketKV).Cursor()
 		for k, v := c.Seek(start); k != nil && bytes.HasPrefix(k, []byte(prefix)); k, v = c.Next() {
 			if limit > 0 && len(out) == limit {
@@ -235,7 +260,7 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		kv := tx.Bucket(bucketKV)
 		for _, c := range cmps {
 			rev, err := revOf(kv, c.Key)
@@ -290,6 +315,6 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	case errors.Is(err, errCmpFailed):
 		return false, nil
 	default:
-		return false, fmt.Errorf("store txn: %w", err)
+		return false, fmt.Errorf("store txn: %w", store.NameSpace(err))
 	}
 }

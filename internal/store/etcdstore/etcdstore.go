@@ -283,6 +283,49 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	return resp.Succeeded, nil
 }
 
+// Dump implements store.Dumper: every key under the prefix as of one
+// revision (that of the first page), however long the pages take, so the
+// backup is one consistent state while listeners keep writing.
+func (s *Store) Dump(ctx context.Context, page func([]store.KV) error) error {
+	if s.closed.Load() {
+		return errClosed
+	}
+	end := clientv3.GetPrefixRangeEnd(s.prefix)
+	start, rev := s.prefix, int64(0)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(500)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.cli.Get(ctx, start, opts...)
+		if err != nil {
+			return store.NameSpace(fmt.Errorf("etcd dump at revision %d: %w", rev, err))
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		kvs := make([]store.KV, 0, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			e := s.kv(kv.Key, kv.ModRevision)
+			e.Value = kv.Value
+			if e.Value == nil {
+				e.Value = []byte{}
+			}
+			kvs = append(kvs, e)
+		}
+		if err := page(kvs); err != nil {
+			return err
+		}
+		if !resp.More {
+			return nil
+		}
+		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
 var _ store.Watcher = (*Store)(nil)
 
 // Watch implements store.Watcher with an etcd watch on the key. The watch

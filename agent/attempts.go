@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
+)
+
+// attemptsFile holds, per locator, the nonces of this machine's attempts
+// whose end it has not seen: the listener died, the connection broke, or
+// the store failed before the join was recorded. The next proof of the
+// code reveals them, and the listener gives those attempts back. The
+// file is a secret of sorts (a nonce is what claims a refund): 0600.
+const attemptsFile = "attempts.json"
+
+// maxKeptNonces bounds the nonces kept per code, as the Proof does.
+const maxKeptNonces = wire.MaxRefunds
+
+func (s State) readAttempts() (map[string][]string, error) {
+	m := map[string][]string{}
+	b, err := os.ReadFile(s.path(attemptsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read attempt nonces: %w", err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("attempt nonces %s are corrupt (delete the file; the attempts it held stay counted): %w", s.path(attemptsFile), err)
+	}
+	return m, nil
+}
+
+func (s State) writeAttempts(m map[string][]string) error {
+	if err := s.ensureDir(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFile(s.path(attemptsFile), b, 0o600); err != nil {
+		return fmt.Errorf("record attempt nonce: %w", err)
+	}
+	return nil
+}
+
+// newAttempt returns the nonce for an attempt with locator: the newest
+// one whose end this machine has not seen (the listener may hold it
+// counted; repeating its guess resumes it), or a fresh one recorded
+// durably before anything is sent, so the attempt can be resumed or
+// refunded even if this process dies mid-join. It also returns the
+// commitment for Hello and the other unfinished nonces for Proof.
+func (s State) newAttempt(locator string) (nonce []byte, commit []byte, earlier [][]byte, err error) {
+	m, err := s.readAttempts()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var kept [][]byte
+	for _, h := range m[locator] {
+		if b, err := hex.DecodeString(h); err == nil && len(b) == wire.AttemptSize {
+			kept = append(kept, b)
+		}
+	}
+	if len(kept) > 0 {
+		nonce, earlier = kept[len(kept)-1], kept[:len(kept)-1]
+	} else {
+		nonce = make([]byte, wire.AttemptSize)
+		if _, err := rand.Read(nonce); err != nil {
+			return nil, nil, nil, err
+		}
+		m[locator] = []string{hex.EncodeToString(nonce)}
+		if err := s.writeAttempts(m); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if len(earlier) > maxKeptNonces-1 {
+		earlier = earlier[len(earlier)-(maxKeptNonces-1):]
+	}
+	c := sha256.Sum256(nonce)
+	return nonce, c[:], earlier, nil
+}
+
+// finishAttempts forgets locator's nonces once a proof of the code was
+// recorded (the listener answered it): its refunds are spent.
+func (s State) finishAttempts(locator string) error {
+	m, err := s.readAttempts()
+	if err != nil {
+		return err
+	}
+	if _, ok := m[locator]; !ok {
+		return nil
+	}
+	delete(m, locator)
+	return s.writeAttempts(m)
+}
+
+// dropAttempt forgets one nonce: its attempt failed for good (a wrong
+// code), and no proof can ever refund it.
+func (s State) dropAttempt(locator string, nonce []byte) error {
+	m, err := s.readAttempts()
+	if err != nil {
+		return err
+	}
+	h := hex.EncodeToString(nonce)
+	kept := m[locator][:0]
+	for _, x := range m[locator] {
+		if x != h {
+			kept = append(kept, x)
+		}
+	}
+	if len(kept) == 0 {
+		delete(m, locator)
+	} else {
+		m[locator] = kept
+	}
+	return s.writeAttempts(m)
+}
