@@ -9,6 +9,7 @@ require (
 	github.com/bytemare/opaque v0.18.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/fxamacker/cbor/v2 v2.10.0
+	github.com/go-json-experiment/json v1.27.2
 	github.com/google/go-tpm v0.9.8
 	github.com/jaypipes/ghw v0.27.0
 	github.com/prometheus/client_golang v1.23.2

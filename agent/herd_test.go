@@ -34,7 +34,7 @@ func TestRunHerdAgainstListenerThatIsDown(t *testing.T) {
 	// Mint with the listener up, then take it down: its port is the one
 	// the agents dial, and nothing answers there until it comes back.
 	first := listenertest.Start(t, listenertest.Options{})
-	sec, code := mintCode(t, first, adminapi.MintCodeRequest{MaxUses: unlimited()})
+	sec, code := mintCode(t, first, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: unlimited()})
 	endpoint, dataDir := first.Endpoint, first.DataDir
 	first.Stop()
 

@@ -48,8 +48,10 @@ type JoinConfig struct {
 	Facts         wire.Facts
 	Logger        *slog.Logger
 	Now           func() time.Time
-	// OnPending is called when the listener holds the join for approval.
-	OnPending func(joinID string)
+	// OnPending is called when the listener holds the join for approval,
+	// with the join's short authentication string, checked against the
+	// agent's own.
+	OnPending func(Pending)
 	// DialTimeout bounds reaching the listener (default 10s).
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
@@ -328,7 +330,15 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 			return nil, fmt.Errorf("%w: it presents CA %s, not the pinned %s", ErrNotAuthentic, pki.FormatFingerprint(fp), pki.FormatFingerprint(want))
 		}
 	}
-	ke3, err := login.Finish(ch.KE2, fp[:], ch.KSF)
+	// A join code's 40 secret bits need the memory-hard KSF against a
+	// stolen store; a listener that asks for none is not to be helped to
+	// a cheaper offline search (docs/secrets.md).
+	if cfg.Secret.Kind == joincode.KindCode {
+		if err := ch.KSF.CheckArgon2id(); err != nil {
+			return nil, fmt.Errorf("%w: it asks to stretch a join code with %w", ErrNotAuthentic, err)
+		}
+	}
+	ke3, session, err := login.Finish(ch.KE2, fp[:], ch.KSF)
 	if err != nil {
 		return nil, err
 	}
@@ -363,8 +373,17 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		}
 		switch res.Status {
 		case wire.StatusPending:
+			// The SAS comes from this PAKE session's key: a listener that
+			// shows the approver other digits is not the end of this
+			// session (or is not telling the approver what it holds).
+			sas := pake.SAS(session, res.JoinID)
+			if res.SAS != sas {
+				return nil, fmt.Errorf("%w: the listener's short authentication string for join %s is not the one this session derives", ErrNotAuthentic, res.JoinID)
+			}
+			p := Pending{JoinID: res.JoinID, SAS: sas, Kind: cfg.Secret.Kind.String(), Endpoint: cfg.Endpoint, Since: cfg.Now().UTC()}
+			_ = State{Dir: cfg.StateDir}.savePending(p)
 			if cfg.OnPending != nil {
-				cfg.OnPending(res.JoinID)
+				cfg.OnPending(p)
 			}
 			if res.PendingFor > 0 {
 				setDeadline(time.Duration(res.PendingFor)*time.Second + time.Minute)
@@ -415,7 +434,18 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 		return nil, fmt.Errorf("listener's certificate names %s/%s, its result %s/%s", nodeID, role, res.NodeID, res.Role)
 	}
 	now := cfg.Now().UTC()
-	fp := sha256.Sum256(learnedRoot.Raw)
+	// Pin the root that issued the certificate: the current one. A token
+	// or key minted before a rotation proves the old root through the
+	// PAKE; the authenticated listener's bundle then names the new one,
+	// and the node certificate chains to it.
+	pinned := learnedRoot
+	for _, r := range bundle {
+		if _, err := pki.VerifyNodeChain(res.CertChain, []*x509.Certificate{r}, trustDomain, cfg.Now()); err == nil {
+			pinned = r
+			break
+		}
+	}
+	fp := sha256.Sum256(pinned.Raw)
 	id := Identity{
 		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, Endpoints: cfg.Endpoints, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),

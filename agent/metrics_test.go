@@ -47,7 +47,7 @@ func TestAgentMetrics(t *testing.T) {
 	if body := scrape(t, addr); !strings.Contains(body, "\nstratum_agent_joined 0\n") {
 		t.Errorf("before the join:\n%s", body)
 	}
-	sec, _ := l.MintCode(t, adminapi.MintCodeRequest{})
+	sec, _ := l.MintCode(t, adminapi.MintCodeRequest{AutoApprove: true})
 	j, err := agent.Join(ctx, agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec})
 	if err != nil {
 		t.Fatal(err)

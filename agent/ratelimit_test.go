@@ -24,7 +24,7 @@ func TestRunBacksOffWhenRateLimited(t *testing.T) {
 		Init:   listener.InitConfig{Now: clock.Now()},
 		Config: listener.Config{Now: clock.Now, UnprovenPerSource: 1, BudgetWait: 10 * time.Millisecond},
 	})
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	wrong, err := joincode.NewCode(sec.Locator)
 	if err != nil {
 		t.Fatal(err)

@@ -55,7 +55,7 @@ func hangingListener(t *testing.T, l *listenertest.Listener) string {
 // joinedTo joins a node to l, then points its node.json at endpoint.
 func joinedTo(t *testing.T, l *listenertest.Listener, endpoint string) string {
 	t.Helper()
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	dir := filepath.Join(t.TempDir(), "state")
 	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec})
 	if err != nil {

@@ -291,7 +291,7 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 		jc := JoinConfig{
 			StateDir: cfg.StateDir, Endpoint: cfg.Endpoint, Endpoints: cfg.Endpoints, Secret: sec, CAFingerprint: cfg.CAFingerprint, Facts: facts, TPM: cfg.TPM,
 			Logger: cfg.Logger, Now: cfg.Clock.Now,
-			OnPending: func(joinID string) { cfg.status("waiting for approval of join " + joinID) },
+			OnPending: func(p Pending) { cfg.status(pendingStatus(p)) },
 		}
 		if cfg.JoinConfig != nil {
 			cfg.JoinConfig(&jc)
@@ -378,4 +378,10 @@ func runRenew(ctx context.Context, cfg *RunConfig) (Identity, error) {
 			return id, err
 		}
 	}
+}
+
+// pendingStatus is the STATUS= line of a join held for approval: the SAS
+// is what the approver compares with `joins list` before approving.
+func pendingStatus(p Pending) string {
+	return fmt.Sprintf("waiting for approval of join %s; SAS %s", p.JoinID, p.SAS)
 }

@@ -180,7 +180,7 @@ func TestRunRenewsBeforeExpiryOutOfStep(t *testing.T) {
 	const agents = 5
 	clock := newFakeClock()
 	l := fakeTimeListener(t, clock)
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{MaxUses: unlimited()})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: unlimited()})
 	var as []*runningAgent
 	for i := range agents {
 		as = append(as, startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "a"+string(rune('0'+i))), clock, nil))
@@ -247,7 +247,7 @@ func TestRunRenewsBeforeExpiryOutOfStep(t *testing.T) {
 func TestRunPinsNewCAAcrossRotation(t *testing.T) {
 	clock := newFakeClock()
 	l := fakeTimeListener(t, clock)
-	sec, code := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, code := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	a := startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "state"), clock, nil)
 	a.waitReady(t, 30*time.Second)
 	before := a.identity(t)
@@ -300,7 +300,7 @@ func contains(s []string, v string) bool {
 func TestRunStopsWhenNodeRevoked(t *testing.T) {
 	clock := newFakeClock()
 	l := fakeTimeListener(t, clock)
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	var retries int
 	var mu sync.Mutex
 	a := startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "state"), clock, func(c *agent.RunConfig) {
@@ -337,7 +337,7 @@ func TestRunStopsWhenNodeRevoked(t *testing.T) {
 func TestRunRenewsCertificateThatExpiredWhileOff(t *testing.T) {
 	clock := newFakeClock()
 	l := fakeTimeListener(t, clock)
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	dir := filepath.Join(t.TempDir(), "state")
 	a := startAgent(t, l.Endpoint, sec, dir, clock, nil)
 	a.waitReady(t, 30*time.Second)
@@ -388,7 +388,7 @@ func TestRunRenewsCertificateThatExpiredWhileOff(t *testing.T) {
 // TestRunDoesNotRetryPermanentRefusal: a refused join ends Run at once.
 func TestRunDoesNotRetryPermanentRefusal(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, code := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	if _, err := l.Admin.RevokeCode(context.Background(), code.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +442,7 @@ func TestRunStopsPromptly(t *testing.T) {
 	})
 	t.Run("pending", func(t *testing.T) {
 		l := listenertest.Start(t, listenertest.Options{})
-		sec, _ := mintCode(t, l, adminapi.MintCodeRequest{RequireApproval: true})
+		sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
 		a := startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "state"), nil, nil)
 		waitFor(t, 30*time.Second, "waiting for approval", func() bool {
 			return strings.HasPrefix(a.notes.last(), "STATUS waiting for approval of join join-")
@@ -463,7 +463,7 @@ func TestRunStopsPromptly(t *testing.T) {
 func TestRunRetriesRenewalUntilListenerIsBack(t *testing.T) {
 	clock := newFakeClock()
 	l := fakeTimeListener(t, clock)
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	retried := make(chan error, 16)
 	a := startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "state"), clock, func(c *agent.RunConfig) {
 		c.RenewConfig = func(r *agent.RenewConfig) { r.DialTimeout = 200 * time.Millisecond }

@@ -26,7 +26,42 @@ const (
 	CAFile       = "ca.pem"
 	NodeFile     = "node.json"
 	failuresFile = "failures.json"
+	PendingFile  = "pending.json"
 )
+
+// Pending is pending.json: a join the listener holds for an
+// administrator's approval, and the short authentication string the
+// approver compares at this machine. It is removed once the node joined.
+type Pending struct {
+	JoinID   string    `json:"joinId"`
+	SAS      string    `json:"sas"`
+	Kind     string    `json:"kind"` // the secret's kind: join code, join token, join key
+	Endpoint string    `json:"endpoint"`
+	Since    time.Time `json:"since"`
+}
+
+func (s State) savePending(p Pending) error {
+	if err := s.ensureDir(); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(p, "", "  ")
+	return pki.WriteFile(s.path(PendingFile), b, 0o600)
+}
+
+// Pending reads pending.json; ok is false when no join is pending.
+func (s State) Pending() (p Pending, ok bool, err error) {
+	b, err := os.ReadFile(s.path(PendingFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return p, false, nil
+	}
+	if err != nil {
+		return p, false, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, false, fmt.Errorf("parse %s: %w", PendingFile, err)
+	}
+	return p, true, nil
+}
 
 // Identity is node.json: what the agent knows about itself.
 type Identity struct {
@@ -142,6 +177,9 @@ func (s State) saveCredentials(chain, roots []*x509.Certificate, id Identity) er
 		{Name: NodeFile, Data: append(b, '\n'), Mode: 0o600},
 	}); err != nil {
 		return fmt.Errorf("write node identity: %w", err)
+	}
+	if err := os.Remove(s.path(PendingFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", PendingFile, err)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func TestTPMJoinAndRenew(t *testing.T) {
 	sim.Provision(maker)
 	ekHash := sim.EKHash()
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{TPMRoots: []*x509.Certificate{maker.Cert}}})
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	dir := filepath.Join(t.TempDir(), "state")
 	ctx := context.Background()
 
@@ -147,7 +147,7 @@ pools:
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Registry: reg}})
 	ctx := context.Background()
 
-	sec, code := mintCode(t, l, adminapi.MintCodeRequest{Pool: "open", Expect: &cluster.Expect{EKHash: b.EKHash()}})
+	sec, code := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true, Pool: "open", Expect: &cluster.Expect{EKHash: b.EKHash()}})
 	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: t.TempDir(), Endpoint: l.Endpoint, Secret: sec, TPM: a.Locator()})
 	var r *agent.RefusedError
 	if !errors.As(err, &r) || r.Code != wire.CodeIdentityMismatch {
@@ -160,7 +160,7 @@ pools:
 		t.Fatalf("TPM B on its own pin: %v", err)
 	}
 
-	sec, code = mintCode(t, l, adminapi.MintCodeRequest{Pool: "sealed"})
+	sec, code = mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true, Pool: "sealed"})
 	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: t.TempDir(), Endpoint: l.Endpoint, Secret: sec})
 	if !errors.As(err, &r) || r.Code != wire.CodeTPMRequired {
 		t.Fatalf("no TPM in a requireTPM pool: %v", err)
@@ -180,7 +180,7 @@ func TestTPMRunStopsWhenTPMCleared(t *testing.T) {
 	sim := swtpmtest.Start(t)
 	clock := newFakeClock()
 	l := fakeTimeListener(t, clock)
-	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	a := startAgent(t, l.Endpoint, sec, filepath.Join(t.TempDir(), "state"), clock, func(c *agent.RunConfig) { c.TPM = sim.Locator() })
 	a.waitReady(t, 30*time.Second)
 	id := a.identity(t)

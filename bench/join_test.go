@@ -58,7 +58,7 @@ func ksfTime(b *testing.B, p pake.KSFParams) time.Duration {
 		cl, ke1, _ := pake.Start(ctx, "AB", []byte("AB000000000"))
 		ke2, _, _ := k.Respond(ctx, fp, "AB", ke1, rec)
 		t0 := time.Now()
-		if _, err := cl.Finish(ke2, fp, p); err != nil {
+		if _, _, err := cl.Finish(ke2, fp, p); err != nil {
 			b.Fatal(err)
 		}
 		d = append(d, time.Since(t0))

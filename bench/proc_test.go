@@ -70,7 +70,7 @@ func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 
 func (p *proc) mint(b *testing.B, args ...string) string {
 	b.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"codes", "create", "--json"}, args...)...)
+	cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), append([]string{"codes", "create", "--json", "--auto-approve"}, args...)...)
 	cmd.Env = append(os.Environ(), "STRATUM_ADMIN_SOCKET="+p.sock)
 	out, err := cmd.Output()
 	if err != nil {

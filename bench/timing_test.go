@@ -59,7 +59,7 @@ func challengeTime(ctx context.Context, endpoint string, sec joincode.Secret, pr
 	}
 	if prove {
 		fp := sha256.Sum256(ch.CAChain[len(ch.CAChain)-1])
-		ke3, err := login.Finish(ch.KE2, fp[:], ch.KSF)
+		ke3, _, err := login.Finish(ch.KE2, fp[:], ch.KSF)
 		if err != nil {
 			return 0, 0, err
 		}

@@ -45,7 +45,7 @@ func startJoinAt(t *testing.T, l *listenertest.Listener, sec joincode.Secret, di
 	b := &bgJoin{dir: dir, pending: make(chan string, 4), done: make(chan error, 1), cancel: cancel}
 	go func() {
 		j, err := agent.Join(ctx, agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec, Facts: facts, Now: now,
-			OnPending: func(id string) { b.pending <- id }})
+			OnPending: func(p agent.Pending) { b.pending <- p.JoinID }})
 		b.joined = j
 		b.done <- err
 	}()
@@ -94,7 +94,7 @@ func (b *bgJoin) drop(t *testing.T) {
 
 func decide(t *testing.T, l *listenertest.Listener, joinID string, approve bool) {
 	t.Helper()
-	if _, err := l.Admin.DecideJoin(context.Background(), joinID, approve); err != nil {
+	if _, err := l.Admin.DecideJoin(context.Background(), joinID, approve, ""); err != nil {
 		t.Fatalf("decide %s: %v", joinID, err)
 	}
 }
@@ -144,7 +144,7 @@ func findJoin(t *testing.T, l *listenertest.Listener, id string) cluster.Join {
 // once approved, the same connection gets its certificate.
 func TestApprovalApproveIssuesCertificate(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{})
 	facts := wire.Facts{Hostname: "gpu-07", ProductUUID: "4C4C4544-0042-3510-8051-B7C04F4E3732", MACs: []string{"b8:3f:d2:00:00:07"}}
 	dir := filepath.Join(t.TempDir(), "state")
 	b := startJoin(t, l, sec, dir, facts)
@@ -185,7 +185,7 @@ func TestApprovalApproveIssuesCertificate(t *testing.T) {
 // permanent refusal, and stays refused when the same key comes back.
 func TestApprovalRefused(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true, MaxUses: uses(3)})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(3)})
 	dir := filepath.Join(t.TempDir(), "state")
 	b := startJoin(t, l, sec, dir, wire.Facts{})
 	decide(t, l, b.waitPending(t), false)
@@ -215,7 +215,7 @@ func TestApprovalRefused(t *testing.T) {
 // one it holds, so the code is no longer live, and the join goes on.
 func TestApprovalResumesAfterDroppedConnection(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true, MaxUses: uses(1)})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(1)})
 	dir := filepath.Join(t.TempDir(), "state")
 	first := startJoin(t, l, sec, dir, wire.Facts{Hostname: "n1"})
 	joinID := first.waitPending(t)
@@ -245,7 +245,7 @@ func TestApprovalResumesAfterDroppedConnection(t *testing.T) {
 // with no use left it is refused outright.
 func TestApprovalBelongsToTheKey(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true, MaxUses: uses(2)})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(2)})
 	dirA, dirB := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
 	a := startJoin(t, l, sec, dirA, wire.Facts{Hostname: "a"})
 	joinA := a.waitPending(t)
@@ -281,7 +281,7 @@ func TestApprovalBelongsToTheKey(t *testing.T) {
 
 	// One use: after the first key's join is approved, another key finds
 	// the code used up.
-	sec1, _ := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true, MaxUses: uses(1)})
+	sec1, _ := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(1)})
 	c := startJoin(t, l, sec1, filepath.Join(t.TempDir(), "c"), wire.Facts{})
 	decide(t, l, c.waitPending(t), true)
 	if _, err := c.wait(t); err != nil {
@@ -298,7 +298,7 @@ func TestApprovalBelongsToTheKey(t *testing.T) {
 // same key, gets the same node and a certificate without a second use.
 func TestLostResultResumesWithoutSecondUse(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(1)})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(1)})
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -350,7 +350,7 @@ func TestLostResultResumesWithoutSecondUse(t *testing.T) {
 func TestApprovalOutlivesCodeExpiry(t *testing.T) {
 	clock := newFakeNow()
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Now: clock.Now}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true, TTLSeconds: 60, MaxUses: uses(5)})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{TTLSeconds: 60, MaxUses: uses(5)})
 	b := startJoinAt(t, l, sec, filepath.Join(t.TempDir(), "state"), wire.Facts{}, clock.Now)
 	joinID := b.waitPending(t)
 	clock.Advance(2 * time.Minute)
@@ -369,7 +369,7 @@ func TestApprovalOutlivesCodeExpiry(t *testing.T) {
 // administrator saw, not different ones claimed on a reconnect.
 func TestApprovalKeepsApprovedFacts(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
 	dir := filepath.Join(t.TempDir(), "state")
 	a := startJoin(t, l, sec, dir, wire.Facts{Hostname: "approved-host", Serial: "SN-1"})
 	joinID := a.waitPending(t)

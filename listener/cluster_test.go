@@ -65,7 +65,7 @@ func TestListenersShareSealedKeys(t *testing.T) {
 	if _, bfp := b.CA(); bfp != fp {
 		t.Fatalf("init --join: CA %s, the cluster's is %s", bfp, fp)
 	}
-	sec, code := mint(t, a, adminapi.MintCodeRequest{})
+	sec, code := mint(t, a, adminapi.MintCodeRequest{AutoApprove: true})
 	if _, _, err := join(t, b, sec, wire.Facts{}); err != nil {
 		t.Fatalf("a code minted on A through B: %v", err)
 	}
@@ -78,7 +78,7 @@ func TestListenersShareSealedKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "A serves the root rotated on B", func() bool { _, f := a.CA(); return f == rotated.Fingerprint })
-	fresh, _ := mint(t, a, adminapi.MintCodeRequest{})
+	fresh, _ := mint(t, a, adminapi.MintCodeRequest{AutoApprove: true})
 	if j, _, err := join(t, b, fresh, wire.Facts{}); err != nil || j.Identity.CAFingerprint != rotated.Fingerprint {
 		t.Fatalf("a code minted after the rotation: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestAgentFailsOverToTheNextEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dead.Close() })
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	dir := filepath.Join(t.TempDir(), "state")
 	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: dead.LocalAddr().String(), Endpoints: []string{l.Endpoint}, Secret: sec})
 	if err != nil {

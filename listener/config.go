@@ -152,9 +152,10 @@ func Init(ctx context.Context, cfg InitConfig) (*pki.CA, error) {
 		return nil, fmt.Errorf("init: invalid trust domain %q", cfg.TrustDomain)
 	}
 	if cfg.KSF == (pake.KSFParams{}) {
-		cfg.KSF = pake.DefaultKSF
+		cfg.KSF = pake.CodeKSF
 	}
-	if err := cfg.KSF.Check(); err != nil {
+	// the pinned parameters are the join codes'; tokens and keys use none
+	if err := cfg.KSF.CheckArgon2id(); err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
 	if cfg.NodeLifetime == 0 {
@@ -319,7 +320,7 @@ func LoadSettings(dataDir string) (Settings, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return s, fmt.Errorf("parse %s: %w", settingsFile, err)
 	}
-	if err := s.KSF.Check(); err != nil {
+	if err := s.KSF.CheckArgon2id(); err != nil {
 		return s, fmt.Errorf("%s: %w", settingsFile, err)
 	}
 	return s, nil

@@ -60,7 +60,7 @@ func TestFullDiskCostsNoAttempt(t *testing.T) {
 	disk := smallTmpfs(t, 2<<20)
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{StoreURL: "bolt:" + filepath.Join(disk, "state.db"), UnprovenPerSource: -1}})
 	unlimited := 0
-	sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: &unlimited})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: &unlimited})
 	fill(t, filepath.Join(disk, "filler"))
 	// leave room for a few small writes, so that some counts succeed and
 	// the larger write of their join fails after them (here about a third
@@ -104,7 +104,7 @@ func TestFullDiskCostsNoAttempt(t *testing.T) {
 
 	// the admin API names the full disk too, as a retryable 503
 	fill(t, filepath.Join(disk, "filler2"))
-	_, err = l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
+	_, err = l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{AutoApprove: true})
 	var p *adminclient.ProblemError
 	if !errors.As(err, &p) || !p.Transient() || !strings.Contains(p.Detail, "disk space") {
 		t.Errorf("codes create on a full disk: %v, want a 503 that names the disk", err)

@@ -36,7 +36,7 @@ func TestTwoListenersShareEtcd(t *testing.T) {
 	a := listenertest.Start(t, listenertest.Options{Config: shared()})
 	b := listenertest.Start(t, listenertest.Options{DataDir: a.DataDir, Config: shared()})
 
-	sec, code := mint(t, a, adminapi.MintCodeRequest{})
+	sec, code := mint(t, a, adminapi.MintCodeRequest{AutoApprove: true})
 	if _, _, err := join(t, b, sec, wire.Facts{}); err != nil {
 		t.Fatalf("a code minted on A does not join through B: %v", err)
 	}
@@ -45,7 +45,7 @@ func TestTwoListenersShareEtcd(t *testing.T) {
 	}
 
 	three := 3
-	sec, code = mint(t, b, adminapi.MintCodeRequest{MaxUses: &three})
+	sec, code = mint(t, b, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: &three})
 	var joined, usedUp atomic.Int32
 	var wg sync.WaitGroup
 	for i := range 30 {

@@ -67,7 +67,7 @@ func TestSelectorSweepFromOneSourceBurnsNothing(t *testing.T) {
 	var secs []joincode.Secret
 	var ids []string
 	for range 64 {
-		sec, c := mint(t, l, adminapi.MintCodeRequest{})
+		sec, c := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 		secs, ids = append(secs, sec), append(ids, c.ID)
 	}
 	var challenges, limited, turnedAway atomic.Int32
@@ -146,7 +146,7 @@ func btoi(b bool) int32 {
 // joins than its budget of unproven starts, none refused.
 func TestProvenStartsGiveTheirBudgetBack(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: 2, BudgetWait: time.Millisecond}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(0)})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(0)})
 	for i := range 6 {
 		if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
 			t.Fatalf("join %d: %v", i, err)
@@ -173,12 +173,12 @@ func TestProvenStartsGiveTheirBudgetBack(t *testing.T) {
 // stream.
 func TestStalledConnectionsShutOutNoOne(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{RetryAbove: 1e6}})
-	renewer, _ := mint(t, l, adminapi.MintCodeRequest{})
+	renewer, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	_, renewDir, err := joinFrom(t, l, honestSource, renewer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -264,7 +264,7 @@ func TestStalledConnectionsShutOutNoOne(t *testing.T) {
 // join is refused and a renewal still succeeds.
 func TestJoinFloodLeavesRenewalsTheirSlots(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxConnections: 2, PerSourceConnections: -1}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(2)})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(2)})
 	_, dir, err := join(t, l, sec, wire.Facts{})
 	if err != nil {
 		t.Fatal(err)
@@ -363,7 +363,7 @@ func rawRenew(t *testing.T, f *renewFixture, csr []byte) (wire.Result, error) {
 // failed count stays 0 and the code still joins.
 func TestWeakKeyJoinIsReadByTheAgent(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	weak, err := rsa.GenerateKey(rand.Reader, 1024)
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +394,7 @@ func TestAgentBoundsItsWaitForAResult(t *testing.T) {
 		Proof: func(string) { <-release }, // the listener goes silent
 	}}})
 	defer close(release)
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	done := make(chan error, 1)
 	go func() {
 		_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, ResultTimeout: time.Second})
@@ -415,7 +415,7 @@ func TestAgentBoundsItsWaitForAResult(t *testing.T) {
 // listener holds the join open.
 func TestPendingResultAnnouncesTheHold(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{RequireApproval: true})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
 	out, err := rawJoin{Secret: sec, StopAtPending: true}.run(context.Background(), l.Endpoint)
 	if err != nil || len(out.Results) != 1 {
 		t.Fatalf("pending join: %v %+v", err, out.Results)

@@ -92,7 +92,7 @@ func checkPin(t *testing.T, tc pinCase) {
 	t.Helper()
 	ctx := context.Background()
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{Expect: &tc.expect})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, Expect: &tc.expect})
 
 	_, _, err := join(t, l, sec, tc.wrong)
 	var refused *agent.RefusedError
@@ -234,12 +234,12 @@ func TestNodeIdentity(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := listenertest.Start(t, listenertest.Options{})
-			sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+			sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 			first, _, err := join(t, l, sec, tt.first)
 			if err != nil {
 				t.Fatalf("first join: %v", err)
 			}
-			sec, code := mint(t, l, adminapi.MintCodeRequest{})
+			sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 			_, _, err = join(t, l, sec, tt.second)
 			var refused *agent.RefusedError
 			switch {
@@ -275,7 +275,7 @@ func TestSameMachineJoinsTwice(t *testing.T) {
 	}
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Registry: reg}})
 	dell := dellFacts(t)
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	first, firstDir, err := join(t, l, sec, dell)
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestSameMachineJoinsTwice(t *testing.T) {
 	nodeID := first.Identity.NodeID
 
 	// a second key on the same machine (say, a reinstall) is refused
-	sec, again := mint(t, l, adminapi.MintCodeRequest{})
+	sec, again := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	_, _, err = join(t, l, sec, dell)
 	var refused *agent.RefusedError
 	if !errors.As(err, &refused) || refused.Code != wire.CodeNodeExists {
@@ -298,7 +298,7 @@ func TestSameMachineJoinsTwice(t *testing.T) {
 	}
 
 	// identity is per pool
-	sec, _ = mint(t, l, adminapi.MintCodeRequest{Pool: "other"})
+	sec, _ = mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, Pool: "other"})
 	if j, _, err := join(t, l, sec, dell); err != nil || j.Identity.NodeID == nodeID {
 		t.Fatalf("same machine in another pool: %v (joined %+v)", err, j)
 	}
@@ -314,7 +314,7 @@ func TestSameMachineJoinsTwice(t *testing.T) {
 	}
 
 	// with allowReclaim the machine gets its node id back on a new key
-	sec, reclaim := mint(t, l, adminapi.MintCodeRequest{AllowReclaim: true})
+	sec, reclaim := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, AllowReclaim: true})
 	second, secondDir, err := join(t, l, sec, dell)
 	if err != nil {
 		t.Fatalf("reclaim: %v", err)
@@ -413,7 +413,7 @@ func TestMintRefusesBadExpect(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{Expect: &tt.expect})
+			_, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{AutoApprove: true, Expect: &tt.expect})
 			var prob *adminclient.ProblemError
 			if !errors.As(err, &prob) || prob.Code != adminapi.CodeInvalidInput {
 				t.Fatalf("mint: %v, want %s", err, adminapi.CodeInvalidInput)

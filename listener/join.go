@@ -131,10 +131,16 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	l.refundProven(ctx) // a proven start gives its source's budget back
 
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
-	// the signature is checked once, by pki when it issues
 	if err != nil {
 		l.uncount(att) // proven: not a failed guess
 		return errCodeDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+	}
+	// Only the holder of the CSR's key may make, resume or replace a join
+	// for that key: a pending join is found by the key's fingerprint, and
+	// resuming it gives it this session's SAS.
+	if err := csr.CheckSignature(); err != nil {
+		l.abandon(att)
+		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	req := cluster.ProveRequest{
@@ -147,6 +153,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		Issue:      l.issuer(proof.CSR),
 		RequireTPM: l.poolRequiresTPM(att.Secret.Pool),
 		Remote:     rep.remote,
+		SAS: func(joinID string) string {
+			sas, _ := login.SAS(joinID) // KE3 verified above
+			return sas
+		},
 	}
 	if proof.TPM != nil {
 		if req.TPM, req.TPMRefusal, err = l.attest(str, proof.TPM, csr.PublicKey); err != nil {
@@ -189,7 +199,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		// longer live); later rounds only poll.
 		if !announced {
 			pendingFor := int64(time.Until(deadline) / time.Second)
-			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, PendingFor: pendingFor, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
+			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, SAS: out.Join.SAS, PendingFor: pendingFor, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
 				return errCodeProtocol, err
 			}
 			announced = true

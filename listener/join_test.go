@@ -46,7 +46,7 @@ func uses(n int) *int { return &n }
 
 func TestJoinIssuesVerifiableCertificate(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(1)})
 	j, dir, err := join(t, l, sec, wire.Facts{Hostname: "gpu-01"})
 	if err != nil {
 		t.Fatalf("join: %v", err)
@@ -82,14 +82,14 @@ func TestJoinIssuesVerifiableCertificate(t *testing.T) {
 		t.Fatalf("node record %+v %v", n, err)
 	}
 	c, _ := l.Admin.Code(context.Background(), code.ID)
-	if c.Registrations != 1 || c.Uses != 1 || c.FailedAttempts != 0 || c.State != "expired" {
+	if c.Registrations != 1 || c.Uses != 1 || c.FailedAttempts != 0 || c.State != "revoked" || c.RevokedBy != cluster.UsedUpBy {
 		t.Fatalf("code after join: %+v", c)
 	}
 }
 
 func TestListenerDecidesCertificateNames(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	bc, _ := asn1.Marshal(struct {
 		IsCA bool `asn1:"optional"`
@@ -136,7 +136,7 @@ func TestWrongCodeBurnsAfterTen(t *testing.T) {
 		},
 		Proof: func(string) { proofs.Add(1) },
 	}}})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	bad := wrongCode(t, sec)
 	for i := 1; i <= 10; i++ {
 		_, _, err := join(t, l, bad, wire.Facts{})
@@ -199,7 +199,7 @@ func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
 			}
 		},
 	}}})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	bad := wrongCode(t, sec)
 	var wg sync.WaitGroup
 	var failures atomic.Int32
@@ -233,7 +233,7 @@ func TestMaxUsesUnderRace(t *testing.T) {
 			// 50 holders from one address at once: under -race more of them
 			// wait for a refund than --budget-wait allows, so lift the budget
 			l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1}})
-			sec, code := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(max)})
+			sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(max)})
 			var wg sync.WaitGroup
 			var joined, usedUp atomic.Int32
 			for range 50 {
@@ -267,7 +267,7 @@ func TestMaxUsesUnderRace(t *testing.T) {
 
 func TestCARotationMakesCodesStale(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	old, oldCode := mint(t, l, adminapi.MintCodeRequest{})
+	old, oldCode := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	ca, err := l.Admin.RotateCA(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +280,7 @@ func TestCARotationMakesCodesStale(t *testing.T) {
 	if !errors.As(err, &refused) || refused.Code != wire.CodeStale {
 		t.Fatalf("old code after rotation: %v, want %s", err, wire.CodeStale)
 	}
-	fresh, code := mint(t, l, adminapi.MintCodeRequest{})
+	fresh, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	if code.CAFingerprint != ca.Fingerprint {
 		t.Fatalf("new code minted under %s", code.CAFingerprint)
 	}
@@ -295,8 +295,8 @@ func TestInactiveCodesRefusedByName(t *testing.T) {
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Now: clock}})
-	expiring, _ := mint(t, l, adminapi.MintCodeRequest{TTLSeconds: 60})
-	revoked, rc := mint(t, l, adminapi.MintCodeRequest{})
+	expiring, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, TTLSeconds: 60})
+	revoked, rc := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	if _, err := l.Admin.RevokeCode(context.Background(), rc.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestInactiveCodesRefusedByName(t *testing.T) {
 
 func TestUnknownSelectorLooksLive(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	live, _ := mint(t, l, adminapi.MintCodeRequest{})
+	live, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	unknownSel := "00"
 	if live.Locator == unknownSel {
 		unknownSel = "01"
@@ -356,7 +356,7 @@ func TestUnknownSelectorLooksLive(t *testing.T) {
 
 func TestSecretFileModes(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	_, state, err := join(t, l, sec, wire.Facts{})
 	if err != nil {
 		t.Fatal(err)
@@ -400,7 +400,7 @@ func TestRetryAboveSourceRate(t *testing.T) {
 			}
 		},
 	}}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(0)})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(0)})
 	for i := range 6 {
 		if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
 			t.Fatalf("join %d: %v", i, err)
@@ -418,7 +418,7 @@ func TestAgentGivesUpAfterThreeFailures(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
 		Challenge: func(string, bool, bool) { hellos.Add(1) },
 	}}})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	bad := wrongCode(t, sec)
 	dir := filepath.Join(t.TempDir(), "state")
 	for i := 1; i <= 3; i++ {
@@ -445,7 +445,7 @@ func TestAgentGivesUpAfterThreeFailures(t *testing.T) {
 
 func TestBadCSRRefused(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	csr[len(csr)-3] ^= 0xff // break the signature
@@ -464,7 +464,7 @@ func TestBadCSRRefused(t *testing.T) {
 
 func TestMaxConnectionsRefusesBeyondTheBound(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxConnections: 1}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	ctx := context.Background()
 	held, err := dialJoin(ctx, l.Endpoint)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,6 +151,7 @@ type Listener struct {
 	cluster  *cluster.Cluster
 	store    store.Store
 	ownStore bool
+	ksfMem   memReturner // see returnKSFMemory
 
 	mu       sync.RWMutex
 	ca       *pki.CA
@@ -299,7 +301,13 @@ func (l *Listener) loadCA() error {
 	}
 	fp := ca.Fingerprint()
 	chains := map[string][][]byte{pki.FormatFingerprint(fp): certsDER(ca.Chain())}
-	for _, r := range roots {
+	// Retired roots still answer the PAKE of the secrets minted under
+	// them, so their holders learn by name that they were revoked.
+	retired, err := l.keys.RetiredRoots()
+	if err != nil {
+		return err
+	}
+	for _, r := range append(append([]*x509.Certificate(nil), roots...), retired...) {
 		f := pki.FormatFingerprint(pki.FingerprintOf(r))
 		if _, ok := chains[f]; !ok {
 			chains[f] = [][]byte{r.Raw}
@@ -325,9 +333,24 @@ func (l *Listener) Roots() []*x509.Certificate {
 	return l.roots
 }
 
-// RotateCA makes a new root (cross-signed by the old one), re-issues the
-// listener certificate and makes every code minted before stale.
+// RotateCA makes a new root (cross-signed by the old one) and re-issues
+// the listener certificate. The rules per kind (docs/secrets.md): join
+// codes minted under an older root end at once, revoked by
+// cluster.CARotatedBy with an event each (their holders are told
+// JOIN_CODE_STALE); tokens and keys keep joining through the root they were
+// minted under until RetireCA.
 func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
+	fp, err := l.rotateKeys(ctx, actor)
+	if err != nil {
+		return fp, err
+	}
+	_, err = l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARotatedBy, func(s *cluster.Secret) bool { return s.Kind == cluster.KindCode })
+	return fp, err
+}
+
+// rotateKeys makes the new root, in the cluster's shared keys or in this
+// listener's own key directory, with the ca.rotated event.
+func (l *Listener) rotateKeys(ctx context.Context, actor string) (string, error) {
 	if l.kek != nil {
 		// The event is written with the sealed keys, in one transaction.
 		return l.rotateShared(ctx, actor)
@@ -339,10 +362,48 @@ func (l *Listener) RotateCA(ctx context.Context, actor string) (string, error) {
 		return "", err
 	}
 	_, fp := l.CA()
-	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]string{"caFingerprint": fp}); err != nil {
+	if err := l.cluster.Record(ctx, cluster.EventCARotated, actor, map[string]any{"caFingerprint": fp}); err != nil {
 		return fp, fmt.Errorf("the CA was rotated to %s, but its event was not recorded: %w", fp, err)
 	}
 	return fp, nil
+}
+
+// RetireCA ends every root but the current one: nodes and listeners stop
+// trusting them, and every secret minted under them is revoked by
+// cluster.CARetiredBy, with an event each. It returns how many secrets it
+// revoked.
+func (l *Listener) RetireCA(ctx context.Context, actor string) (int, error) {
+	var retired []*x509.Certificate
+	fields := func(fp string) map[string]any {
+		var fps []string
+		for _, r := range retired {
+			fps = append(fps, pki.FormatFingerprint(pki.FingerprintOf(r)))
+		}
+		return map[string]any{"caFingerprint": fp, "retired": strings.Join(fps, " ")}
+	}
+	if l.kek != nil {
+		// the shared keys change under a compare-and-swap, with the event
+		err := l.changeSharedKeys(ctx, actor, cluster.EventCARetired,
+			func(pub sharedPublic) map[string]any { return fields(pub.CAFingerprint) },
+			func() (err error) { retired, err = l.keys.Retire(); return err })
+		if err != nil {
+			return 0, fmt.Errorf("retire ca: %w", err)
+		}
+	} else {
+		var err error
+		if retired, err = l.keys.Retire(); err != nil {
+			return 0, err
+		}
+		if err := l.loadCA(); err != nil {
+			return 0, err
+		}
+		_, fp := l.CA()
+		if err := l.cluster.Record(ctx, cluster.EventCARetired, actor, fields(fp)); err != nil {
+			return 0, err
+		}
+	}
+	_, fp := l.CA()
+	return l.cluster.RevokeUnderOtherRoots(ctx, fp, cluster.CARetiredBy, nil)
 }
 
 func (l *Listener) tlsConfig() *tls.Config {

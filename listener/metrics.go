@@ -305,7 +305,7 @@ func (l *Listener) recordFailures(id string, w *failureWindow) {
 		remotes = append(remotes, r)
 	}
 	sort.Strings(remotes)
-	fields := map[string]string{"kind": w.kind, "count": fmt.Sprint(w.count), "remoteAddrs": strings.Join(remotes, " "), "since": w.start.UTC().Format(time.RFC3339)}
+	fields := map[string]any{"kind": w.kind, "count": w.count, "remoteAddrs": strings.Join(remotes, " "), "since": w.start.UTC().Format(time.RFC3339)}
 	if id != "" {
 		fields["id"] = id
 	}

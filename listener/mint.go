@@ -2,10 +2,14 @@ package listener
 
 import (
 	"context"
+	"runtime/debug"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/pki"
 )
 
@@ -19,7 +23,16 @@ func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.
 		return nil, joincode.Secret{}, err
 	}
 	spec.Secret.CAFingerprint = fp
-	spec.Secret.KSF = l.settings.KSF
+	// Key stretching by entropy (docs/secrets.md): a join code's 40 secret
+	// bits need Argon2id against whoever holds the store and the keys; a
+	// token's or key's 128 bits and more need none. The parameters stay in
+	// the record, so a secret minted under others keeps working.
+	ksf := pake.NoKSF
+	if spec.Secret.Kind == cluster.KindCode {
+		ksf = l.settings.KSF
+		defer l.returnKSFMemory()
+	}
+	spec.Secret.KSF = ksf
 	if spec.Secret.Endpoint == "" {
 		spec.Secret.Endpoint = l.Endpoint()
 		eps, err := l.Endpoints(ctx)
@@ -45,10 +58,35 @@ func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.
 		if err != nil {
 			return sec, nil, err
 		}
-		rec, err := l.opaque.Mint(sec.Locator, sec.Password(), rootFP[:], l.settings.KSF)
+		rec, err := l.opaque.Mint(sec.Locator, sec.Password(), rootFP[:], ksf)
 		return sec, rec, err
 	}
 	return l.cluster.Mint(ctx, spec)
+}
+
+// ksfIdle is how long after the last code mint the listener hands the
+// Argon2id memory back to the OS. Freeing it after every mint would cost a
+// full collection per mint; after a pause it costs one per burst.
+const ksfIdle = time.Second
+
+// returnKSFMemory schedules the return of the KSF's memory once code
+// mints pause for ksfIdle.
+func (l *Listener) returnKSFMemory() { l.ksfMem.schedule() }
+
+// memReturner hands freed heap back to the OS once, after a pause.
+type memReturner struct {
+	mu sync.Mutex
+	t  *time.Timer
+}
+
+func (m *memReturner) schedule() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.t != nil {
+		m.t.Reset(ksfIdle)
+		return
+	}
+	m.t = time.AfterFunc(ksfIdle, debug.FreeOSMemory)
 }
 
 // Endpoint is the first endpoint agents are told to dial.

@@ -41,7 +41,7 @@ func TestStoreOutageAnswersUnavailable(t *testing.T) {
 	}
 	t.Cleanup(func() { cli.Close() })
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Store: etcdstore.New(cli, "/outage/"), StoreTimeout: time.Second}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 
 	etcd.Stop()
 
@@ -107,9 +107,9 @@ func corruptLeaves(t *testing.T, path string) {
 // its handlers live on, and the listener reports itself unhealthy.
 func TestDamagedPagesWhileServing(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	for range 30 {
-		mint(t, l, adminapi.MintCodeRequest{})
+		mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	}
 	if err := l.Healthy(); err != nil {
 		t.Fatal(err)

@@ -99,7 +99,7 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 		return out, err
 	}
 	fp := sha256.Sum256(root.Raw)
-	ke3, err := login.Finish(out.Challenge.KE2, fp[:], out.Challenge.KSF)
+	ke3, _, err := login.Finish(out.Challenge.KE2, fp[:], out.Challenge.KSF)
 	if err != nil {
 		out.PAKEErr = err
 		return out, nil

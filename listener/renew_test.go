@@ -56,7 +56,7 @@ func joinedNode(t *testing.T, facts wire.Facts) *renewFixture {
 	t.Helper()
 	f := &renewFixture{clock: newFakeNow(), dir: filepath.Join(t.TempDir(), "state")}
 	f.l = listenertest.Start(t, listenertest.Options{Init: listener.InitConfig{Now: f.clock.Now()}, Config: listener.Config{Now: f.clock.Now}})
-	sec, code := mint(t, f.l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, f.l, adminapi.MintCodeRequest{AutoApprove: true})
 	f.code = code
 	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: f.dir, Endpoint: f.l.Endpoint, Secret: sec, Facts: facts, Now: f.clock.Now})
 	if err != nil {
@@ -186,7 +186,7 @@ func TestRenewRefusesRevokedNode(t *testing.T) {
 func TestRenewRefusesReclaimedCertificate(t *testing.T) {
 	facts := wire.Facts{ProductUUID: "4C4C4544-0042-3510-8051-B7C04F4E3732"}
 	f := joinedNode(t, facts)
-	sec, _ := mint(t, f.l, adminapi.MintCodeRequest{AllowReclaim: true})
+	sec, _ := mint(t, f.l, adminapi.MintCodeRequest{AutoApprove: true, AllowReclaim: true})
 	j, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "new"), Endpoint: f.l.Endpoint, Secret: sec, Facts: facts, Now: f.clock.Now})
 	if err != nil || j.Identity.NodeID != f.id.NodeID {
 		t.Fatalf("reclaim: %v", err)

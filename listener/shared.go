@@ -300,7 +300,7 @@ func (l *Listener) reloadKeysLocked(ctx context.Context) error {
 // publishLocked seals the key directory's identity into the store if the
 // record is still at rev, with the event ev (if any) in the same
 // transaction.
-func (l *Listener) publishLocked(ctx context.Context, rev int64, actor, eventType string, fields func(pub sharedPublic) map[string]string) (bool, error) {
+func (l *Listener) publishLocked(ctx context.Context, rev int64, actor, eventType string, fields func(pub sharedPublic) map[string]any) (bool, error) {
 	pub, sec, err := readLocalIdentity(l.keys.Path, l.lockedSettings())
 	if err != nil {
 		return false, err
@@ -309,7 +309,7 @@ func (l *Listener) publishLocked(ctx context.Context, rev int64, actor, eventTyp
 	if err != nil {
 		return false, err
 	}
-	var f map[string]string
+	var f map[string]any
 	if fields != nil {
 		f = fields(pub)
 	}
@@ -322,7 +322,7 @@ func (l *Listener) publishLocked(ctx context.Context, rev int64, actor, eventTyp
 // listeners changing the keys at once cannot both win; the loser takes the
 // winner's keys. The event is written with the keys, in one transaction,
 // and every other listener applies the change through its watch.
-func (l *Listener) changeSharedKeys(ctx context.Context, actor, eventType string, fields func(pub sharedPublic) map[string]string, change func() error) error {
+func (l *Listener) changeSharedKeys(ctx context.Context, actor, eventType string, fields func(pub sharedPublic) map[string]any, change func() error) error {
 	l.keysMu.Lock()
 	defer l.keysMu.Unlock()
 	if err := l.reloadKeysLocked(ctx); err != nil {
@@ -357,7 +357,7 @@ func (l *Listener) changeSharedKeys(ctx context.Context, actor, eventType string
 // rotateShared rotates the CA of a cluster (see changeSharedKeys).
 func (l *Listener) rotateShared(ctx context.Context, actor string) (string, error) {
 	err := l.changeSharedKeys(ctx, actor, cluster.EventCARotated,
-		func(pub sharedPublic) map[string]string { return map[string]string{"caFingerprint": pub.CAFingerprint} },
+		func(pub sharedPublic) map[string]any { return map[string]any{"caFingerprint": pub.CAFingerprint} },
 		func() error {
 			_, _, err := l.keys.Rotate(l.settings.TrustDomain, l.now())
 			return err

@@ -77,7 +77,7 @@ func TestTPMAttestationCannotBeReplayed(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
 	ctx := context.Background()
 	max := 10
-	sec, code := l.MintCode(t, adminapi.MintCodeRequest{MaxUses: &max, AllowReclaim: true})
+	sec, code := l.MintCode(t, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: &max, AllowReclaim: true})
 	uses := func() int {
 		t.Helper()
 		c, err := l.Admin.Code(ctx, code.ID)

@@ -41,7 +41,7 @@ func TestUnknownWriteOutcomeSpendsTheAttempt(t *testing.T) {
 	t.Cleanup(func() { bolt.Close() })
 	s := &lostAnswers{Store: bolt}
 	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Store: s, UnprovenPerSource: -1}})
-	sec, code := mint(t, l, adminapi.MintCodeRequest{})
+	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 
 	s.armed.Store(true)
 	out, err := rawJoin{Secret: sec, StopAfterChallenge: true}.run(context.Background(), l.Endpoint)

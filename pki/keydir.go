@@ -22,11 +22,12 @@ import (
 // Files in a KeyDir. All are 0600 in a 0700 directory, public ones too:
 // the directory is the listener's alone.
 const (
-	CAKeyFile        = "ca.key"       // the current CA's private key, PKCS#8
-	CACertFile       = "ca.crt"       // the current CA's certificate, then those above it up to the root
-	ListenerKeyFile  = "listener.key" // the QUIC server key, PKCS#8
-	ListenerCertFile = "listener.crt" // the QUIC server chain: leaf, cross certificate, intermediates
-	RootsFile        = "roots.pem"    // every root this cluster has used, newest first
+	CAKeyFile        = "ca.key"            // the current CA's private key, PKCS#8
+	CACertFile       = "ca.crt"            // the current CA's certificate, then those above it up to the root
+	ListenerKeyFile  = "listener.key"      // the QUIC server key, PKCS#8
+	ListenerCertFile = "listener.crt"      // the QUIC server chain: leaf, cross certificate, intermediates
+	RootsFile        = "roots.pem"         // every root this cluster has used, newest first
+	RetiredRootsFile = "retired-roots.pem" // roots `ca retire` ended; they no longer chain anything
 
 	// A rotation stages the next CA under these names, then renames them
 	// over ca.key and ca.crt; LoadCA finishes a rotation a crash cut short.
@@ -189,6 +190,53 @@ func (d KeyDir) Roots() ([]*x509.Certificate, error) {
 		return nil, fmt.Errorf("read roots from %s: %w", d.Path, err)
 	}
 	return roots, nil
+}
+
+// RetiredRoots reads the roots `ca retire` ended; none when the file is
+// absent.
+func (d KeyDir) RetiredRoots() ([]*x509.Certificate, error) {
+	data, err := os.ReadFile(d.file(RetiredRootsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read retired roots: %w", err)
+	}
+	return ParseCertsPEM(data)
+}
+
+// Retire ends every root but the current CA's: roots.pem keeps only the
+// current root, and the others move to retired-roots.pem. It returns the
+// roots it retired (none when only the current root was left).
+func (d KeyDir) Retire() ([]*x509.Certificate, error) {
+	ca, err := d.LoadCA()
+	if err != nil {
+		return nil, fmt.Errorf("retire: %w", err)
+	}
+	roots, err := d.Roots()
+	if err != nil {
+		return nil, fmt.Errorf("retire: %w", err)
+	}
+	var retired []*x509.Certificate
+	for _, r := range roots {
+		if !bytes.Equal(r.Raw, ca.Root().Raw) {
+			retired = append(retired, r)
+		}
+	}
+	if len(retired) == 0 {
+		return nil, nil
+	}
+	before, err := d.RetiredRoots()
+	if err != nil {
+		return nil, err
+	}
+	if err := WriteSecretFile(d.file(RetiredRootsFile), EncodeCertsPEM(append(retired, before...))); err != nil {
+		return nil, fmt.Errorf("retire: %w", err)
+	}
+	if err := WriteSecretFile(d.file(RootsFile), EncodeCertsPEM([]*x509.Certificate{ca.Root()})); err != nil {
+		return nil, fmt.Errorf("retire: %w", err)
+	}
+	return retired, nil
 }
 
 // ensureRoot puts root first in roots.pem unless it is already listed.

@@ -57,7 +57,7 @@ for i in 1 2 3; do printf 'listener %s: ' "$i"; admin "$i" ca show --json | sed 
 
 join_via() { # listener-to-mint-on state endpoints...
   local m=$1 st=$2; shift 2
-  admin "$m" codes create --ttl 15m --json >"$DEMO/code.json"
+  admin "$m" codes create --ttl 15m --json --auto-approve --max-uses 1 >"$DEMO/code.json"
   local code; code=$(sed -n 's/.*"code": "\(.*\)".*/\1/p' "$DEMO/code.json")
   local args=(); for e in "$@"; do args+=(--endpoint "$e"); done
   # each demo node is its own machine: a DMI tree with its own product UUID
@@ -69,7 +69,7 @@ say "a code minted on listener 1 joins through listener 2, another through liste
 join_via 1 node-a "${EP[2]}"
 join_via 1 node-b "${EP[3]}"
 say "what listener 1's mint prints: every endpoint of the cluster"
-admin 1 codes create --ttl 5m | sed -n '1,/^$/p;/stratum-agent join/p'
+admin 1 codes create --ttl 5m --auto-approve --max-uses 1 | sed -n '1,/^$/p;/stratum-agent join/p'
 
 say "ca rotate on listener 2; listeners 1 and 3 serve the new root through the etcd watch"
 NEW=$(admin 2 ca rotate --json | sed -n 's/.*"caFingerprint": "\(.*\)".*/\1/p')

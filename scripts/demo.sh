@@ -25,7 +25,7 @@ for _ in $(seq 50); do [ -S "$STRATUM_ADMIN_SOCKET" ] && break; sleep 0.1; done
 "$BIN/stratum-listener" ca show
 
 say "mint a join code (shown once)"
-"$BIN/stratum-listener" codes create --ttl 15m | tee "$DEMO/mint.txt"
+"$BIN/stratum-listener" codes create --ttl 15m --auto-approve --max-uses 1 | tee "$DEMO/mint.txt"
 CODE=$(awk '/^join code/ {print $3}' "$DEMO/mint.txt")
 
 say "join: the agent proves the code with OPAQUE over QUIC, learns and pins the CA"
@@ -43,7 +43,7 @@ TYPO=$(printf '%s' "$CODE" | tr '0123456789ABCDEFGHJKMNPQRSTVWXYZ' '123456789ABC
 printf '%s\n' "$TYPO" | "$BIN/stratum-agent" join --endpoint "127.0.0.1:$PORT" --code - --state "$DEMO/agent2" && exit 1 || echo "(exit status $?)"
 
 say "a revoked code: only its holder learns why it is refused"
-"$BIN/stratum-listener" codes create --json > "$DEMO/mint2.json"
+"$BIN/stratum-listener" codes create --json --auto-approve --max-uses 1 > "$DEMO/mint2.json"
 CODE2=$(sed -n 's/.*"code": "\(.*\)".*/\1/p' "$DEMO/mint2.json")
 ID2=$(sed -n 's/.*"id": "\(.*\)".*/\1/p' "$DEMO/mint2.json")
 "$BIN/stratum-listener" codes revoke "$ID2"

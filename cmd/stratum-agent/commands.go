@@ -197,12 +197,16 @@ func joinCommand() *cobra.Command {
 			if cfg.TPM, err = tf.locator(cfg.StateDir, cfg.Logger); err != nil {
 				return err
 			}
-			cfg.OnPending = func(joinID string) {
-				fmt.Fprintf(cmd.ErrOrStderr(), "waiting for approval of join %s (an admin runs: stratum-listener joins approve %s)\n", joinID, joinID)
+			cfg.OnPending = func(p agent.Pending) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "join %s waits for approval; its SAS is %s\n(the approver checks that `stratum-listener joins list` shows the same digits, then runs: stratum-listener joins approve %s --sas %s)\n", p.JoinID, p.SAS, p.JoinID, p.SAS)
 			}
 			j, err := agent.Join(cmd.Context(), cfg)
 			if err != nil {
-				return explain(err, cfg.Endpoint)
+				shown := explainKind(err, cfg.Endpoint, sec.Kind.String())
+				if jsonOut {
+					_ = printJSON(cmd.OutOrStdout(), refusalView(err, shown, sec))
+				}
+				return shown
 			}
 			return printJoined(cmd.OutOrStdout(), cfg.StateDir, j.Identity)
 		},
@@ -241,7 +245,11 @@ func checkTargets(endpoints []string, fingerprint, missing string) error {
 }
 
 // explain turns an error into the sentence the operator reads.
-func explain(err error, endpoint string) error {
+func explain(err error, endpoint string) error { return explainKind(err, endpoint, "join code") }
+
+// explainKind is explain for a secret of the named kind (join code, join
+// token, join key), which the sentence names.
+func explainKind(err error, endpoint, kind string) error {
 	var refused *agent.RefusedError
 	var unreachable *agent.UnreachableError
 	switch {
@@ -250,7 +258,7 @@ func explain(err error, endpoint string) error {
 	case errors.Is(err, agent.ErrGaveUp):
 		return &exitError{1, err}
 	case errors.Is(err, agent.ErrNotAccepted):
-		return &exitError{1, fmt.Errorf("code not accepted, or the listener is not authentic; check the code and the endpoint")}
+		return &exitError{1, fmt.Errorf("%s not accepted, or the listener is not authentic; check the %s and the endpoint", kind, kind)}
 	case errors.Is(err, agent.ErrNotAuthentic):
 		return &exitError{1, err}
 	case errors.As(err, &refused):
@@ -267,6 +275,36 @@ func explain(err error, endpoint string) error {
 		return &exitError{cli.ExitUsage, fmt.Errorf("%w: run as root, or give --state a directory this user may write", err)}
 	}
 	return err
+}
+
+// refusal is `join --json` when the join did not happen: the listener's
+// code where it named one (JOIN_CODE_STALE, ...), the secret's kind, and
+// the sentence the operator reads.
+type refusal struct {
+	Joined     bool   `json:"joined"`
+	Code       string `json:"code"`
+	Message    string `json:"message"`
+	SecretKind string `json:"secretKind"`
+	Retryable  bool   `json:"retryable"`
+}
+
+func refusalView(err, shown error, sec joincode.Secret) refusal {
+	r := refusal{Message: shown.Error(), SecretKind: sec.Kind.String(), Code: "JOIN_FAILED"}
+	var refused *agent.RefusedError
+	var unreachable *agent.UnreachableError
+	switch {
+	case errors.As(err, &refused):
+		r.Code, r.Retryable = refused.Code, refused.Retryable()
+	case errors.Is(err, agent.ErrGaveUp):
+		r.Code = "AGENT_GAVE_UP"
+	case errors.Is(err, agent.ErrNotAccepted):
+		r.Code = "PAKE_NOT_ACCEPTED"
+	case errors.Is(err, agent.ErrNotAuthentic):
+		r.Code = "LISTENER_NOT_AUTHENTIC"
+	case errors.As(err, &unreachable):
+		r.Code, r.Retryable = "LISTENER_UNREACHABLE", true
+	}
+	return r
 }
 
 // printJSON is every --json output: indented, one value.
@@ -320,10 +358,22 @@ func statusCommand() *cobra.Command {
 				return err
 			}
 			if !ok {
-				if jsonOut {
-					return printJSON(cmd.OutOrStdout(), map[string]any{"joined": false})
+				p, pending, err := agent.State{Dir: stateDir}.Pending()
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "not joined (no identity in %s)\n", stateDir)
+				if jsonOut {
+					v := map[string]any{"joined": false}
+					if pending {
+						v["pending"] = p
+					}
+					return printJSON(cmd.OutOrStdout(), v)
+				}
+				if pending {
+					fmt.Fprintf(cmd.OutOrStdout(), "not joined: join %s (with a %s) waits for approval; SAS %s\n", p.JoinID, p.Kind, p.SAS)
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "not joined (no identity in %s)\n", stateDir)
+				}
 				return &exitError{1, errors.New("not joined")}
 			}
 			if jsonOut {

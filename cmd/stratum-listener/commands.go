@@ -283,16 +283,19 @@ func codesCommand() *cobra.Command {
 				fmt.Fprintf(w, "endpoints  %s\n", strings.Join(c.Endpoints, " "))
 			}
 			if c.RequireApproval {
-				fmt.Fprintln(w, "approval   required: approve with `stratum-listener joins approve ID`")
+				fmt.Fprintln(w, "approval   required: compare the 6-digit SAS each machine prints, then `stratum-listener joins approve ID --sas DIGITS`")
 			}
 			fmt.Fprintf(w, "\nThe code is shown only this once. On the machine, run:\n\n  %s\n\nand type the code when asked (or pipe it in; never put it on the command line).\n", c.AgentCommand)
 			return nil
 		},
 	}
 	create.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the code stays valid")
-	create.Flags().IntVar(&maxUses, "max-uses", 1, "how many machines may join with it (0 = unlimited)")
+	create.Flags().IntVar(&maxUses, "max-uses", 0, "how many machines may join with it (0 = every machine of the batch until it expires)")
 	create.Flags().StringVar(&req.Pool, "pool", "default", "pool the machines join")
-	create.Flags().BoolVar(&req.RequireApproval, "require-approval", false, "hold each join until an admin approves it")
+	create.Flags().BoolVar(&req.AutoApprove, "auto-approve", false, "join machines without an admin's approval (the code alone is then the gate)")
+	var requireApproval bool
+	create.Flags().BoolVar(&requireApproval, "require-approval", true, "hold each join until an admin approves it (the default; see --auto-approve)")
+	_ = create.Flags().MarkHidden("require-approval")
 	create.Flags().StringVar(&expect.ProductUUID, "expect-product-uuid", "", "pin to this SMBIOS product UUID")
 	create.Flags().StringVar(&expect.Serial, "expect-serial", "", "pin to this system serial")
 	create.Flags().StringVar(&expect.MAC, "expect-mac", "", "pin to a machine with this NIC MAC")
@@ -380,9 +383,9 @@ func usesText(n int) string {
 }
 
 func joinsCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "joins", Short: "list, approve and refuse joins held for approval"}
+	cmd := &cobra.Command{Use: "joins", Short: "list, show, approve and refuse joins held for approval"}
 	list := &cobra.Command{
-		Use: "list", Short: "list joins, pending first", Args: args(0),
+		Use: "list", Short: "list joins, pending first, with the SAS each agent prints", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			js, err := client().Joins(cmd.Context())
 			if err != nil {
@@ -392,18 +395,34 @@ func joinsCommand() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"items": js})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tCODE\tKEY SHA-256\tCLAIMED UUID\tCLAIMED HOSTNAME\tNODE")
+			fmt.Fprintln(tw, "ID\tSTATE\tSAS\tCODE\tKEY SHA-256\tCLAIMED UUID\tCLAIMED HOSTNAME\tNODE")
 			for _, j := range js {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.SecretID, j.KeyFP[:16]+"…", j.Facts.ProductUUID, j.Facts.Hostname, j.NodeID)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, orDash(j.SAS), j.SecretID, j.KeyFP[:16]+"…", j.Facts.ProductUUID, j.Facts.Hostname, j.NodeID)
 			}
 			return tw.Flush()
 		},
 	}
+	show := &cobra.Command{
+		Use: "show ID", Short: "show one join and its SAS", Args: args(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			j, err := client().Join(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), j)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "join       %s\nstate      %s\nsas        %s\ncode       %s\nkey        %s\nclaimed    uuid %s, hostname %s\nnode       %s\n",
+				j.ID, j.State, orDash(j.SAS), j.SecretID, j.KeyFP, j.Facts.ProductUUID, j.Facts.Hostname, orDash(j.NodeID))
+			return nil
+		},
+	}
 	decide := func(approve bool, use, short string) *cobra.Command {
-		return &cobra.Command{
+		var sas string
+		c := &cobra.Command{
 			Use: use, Short: short, Args: args(1),
 			RunE: func(cmd *cobra.Command, a []string) error {
-				j, err := client().DecideJoin(cmd.Context(), a[0], approve)
+				j, err := client().DecideJoin(cmd.Context(), a[0], approve, sas)
 				if err != nil {
 					return err
 				}
@@ -414,9 +433,20 @@ func joinsCommand() *cobra.Command {
 				return nil
 			},
 		}
+		if approve {
+			c.Flags().StringVar(&sas, "sas", "", "the 6 digits the machine's agent prints; the approval is refused if they are not this join's")
+		}
+		return c
 	}
-	cmd.AddCommand(list, decide(true, "approve ID", "approve a pending join"), decide(false, "refuse ID", "refuse a pending join"))
+	cmd.AddCommand(list, show, decide(true, "approve ID [--sas DIGITS]", "approve a pending join"), decide(false, "refuse ID", "refuse a pending join"))
 	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func nodesCommand() *cobra.Command {
@@ -517,13 +547,26 @@ func caCommand() *cobra.Command {
 			return show(cmd, v)
 		},
 	}, &cobra.Command{
-		Use: "rotate", Short: "make a new root CA; codes minted before become stale, nodes move over at renewal", Args: args(0),
+		Use: "rotate", Short: "make a new root CA; codes minted before are revoked (stale), tokens and keys go on until `ca retire`, nodes move over at renewal", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := client().RotateCA(cmd.Context())
 			if err != nil {
 				return err
 			}
 			return show(cmd, v)
+		},
+	}, &cobra.Command{
+		Use: "retire", Short: "end every root but the current one; secrets minted under them are revoked", Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v, err := client().RetireCA(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "retired every root but %s; %d secrets minted under them revoked\n", v.Fingerprint, v.RevokedSecrets)
+			return nil
 		},
 	})
 	return cmd
@@ -599,10 +642,10 @@ func eventsCommand() *cobra.Command {
 	return cmd
 }
 
-func fieldsText(f map[string]string) string {
+func fieldsText(f map[string]any) string {
 	var parts []string
 	for k, v := range f {
-		parts = append(parts, k+"="+v)
+		parts = append(parts, fmt.Sprint(k, "=", v))
 	}
 	sortStrings(parts)
 	return strings.Join(parts, " ")

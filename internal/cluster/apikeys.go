@@ -69,7 +69,7 @@ func (c *Cluster) CreateAPIKey(ctx context.Context, k APIKey) (*APIKey, error) {
 			return ErrExists
 		}
 		tx.put(apiKeyKey(k.ID), k)
-		tx.event(EventAPIKeyCreated, k.CreatedBy, map[string]string{"id": k.ID, "tenant": k.Tenant, "name": k.Name})
+		tx.event(EventAPIKeyCreated, k.CreatedBy, map[string]any{"id": k.ID, "tenant": k.Tenant, "name": k.Name})
 		return nil
 	})
 	if err != nil {
@@ -115,7 +115,7 @@ func (c *Cluster) RevokeAPIKey(ctx context.Context, id, actor string) (*APIKey, 
 		now := c.now().UTC()
 		k.RevokedAt, k.RevokedBy = &now, actor
 		tx.put(apiKeyKey(id), k)
-		tx.event(EventAPIKeyRevoked, actor, map[string]string{"id": id, "tenant": k.Tenant})
+		tx.event(EventAPIKeyRevoked, actor, map[string]any{"id": id, "tenant": k.Tenant})
 		did = true
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/joincode"
@@ -68,7 +69,7 @@ var (
 	ErrStoreDamaged     = store.ErrCorrupt
 )
 
-func (c *Cluster) newEvent(typ, actor string, fields map[string]string) (Event, store.Op) {
+func (c *Cluster) newEvent(typ, actor string, fields map[string]any) (Event, store.Op) {
 	now := c.now().UTC()
 	ev := Event{Seq: c.seq.next(now), Type: typ, Time: now, Actor: actor, Fields: fields}
 	return ev, putJSON(eventKey(ev.Seq), ev)
@@ -83,7 +84,7 @@ func (c *Cluster) logEvents(evs ...Event) {
 		}
 		keys := slices.Sorted(maps.Keys(ev.Fields))
 		for _, k := range keys {
-			attrs = append(attrs, slog.String(k, ev.Fields[k]))
+			attrs = append(attrs, slog.Any(k, ev.Fields[k]))
 		}
 		c.logger.Info("event", attrs...)
 	}
@@ -98,7 +99,7 @@ type SecretSpec struct {
 	Secret      Secret // ID, Kind and the policy fields; Locator, Record, Index and counters are set by Mint
 	Mint        MintFunc
 	EventType   string
-	EventFields map[string]string
+	EventFields map[string]any
 	// PerOrgLimit, when > 0, bounds how many join keys the key's
 	// organization may hold.
 	PerOrgLimit int
@@ -204,7 +205,7 @@ func (c *Cluster) mintCode(ctx context.Context, spec SecretSpec, s Secret) (*Sec
 			}
 			fields := maps.Clone(spec.EventFields)
 			if fields == nil {
-				fields = map[string]string{}
+				fields = map[string]any{}
 			}
 			fields["id"], fields["selector"] = s.ID, sel
 			tx.put(secretKey(s.ID), s)
@@ -269,7 +270,7 @@ func (c *Cluster) Secrets(ctx context.Context, kind string) ([]Secret, error) {
 // RevokeSecret revokes a secret at once. It returns the record and whether
 // this call revoked it; revoking a revoked secret changes nothing and
 // publishes nothing.
-func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string, fields map[string]string) (*Secret, bool, error) {
+func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string, fields map[string]any) (*Secret, bool, error) {
 	var s Secret
 	var did bool
 	err := c.update(ctx, func(tx *txn) error {
@@ -288,7 +289,7 @@ func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string,
 		s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, actor, now
 		f := maps.Clone(fields)
 		if f == nil {
-			f = map[string]string{}
+			f = map[string]any{}
 		}
 		f["id"] = id
 		tx.put(secretKey(id), s)
@@ -300,6 +301,43 @@ func (c *Cluster) RevokeSecret(ctx context.Context, id, actor, eventType string,
 		return nil, false, fmt.Errorf("revoke: %w", err)
 	}
 	return &s, did, nil
+}
+
+// RevokedEvent is the event type that announces the revocation of a
+// secret of kind.
+func RevokedEvent(kind string) string {
+	switch kind {
+	case KindToken:
+		return EventTokenRevoked
+	case KindKey:
+		return EventKeyRevoked
+	}
+	return EventCodeRevoked
+}
+
+// RevokeUnderOtherRoots revokes, by actor, every unrevoked secret minted
+// under a root other than currentFP that match selects (all when nil), one
+// event each. It returns how many it revoked.
+func (c *Cluster) RevokeUnderOtherRoots(ctx context.Context, currentFP, actor string, match func(*Secret) bool) (int, error) {
+	all, err := c.Secrets(ctx, "")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range all {
+		s := &all[i]
+		if s.RevokedAt != nil || s.CAFingerprint == currentFP || match != nil && !match(s) {
+			continue
+		}
+		_, did, err := c.RevokeSecret(ctx, s.ID, actor, RevokedEvent(s.Kind), map[string]any{"kind": s.Kind, "pool": s.Pool, "tenant": s.Tenant, "caFingerprint": s.CAFingerprint})
+		if err != nil {
+			return n, err
+		}
+		if did {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // DeleteSecret removes a secret, its locator, its listing keys and, for a
@@ -331,7 +369,7 @@ func (c *Cluster) DeleteSecret(ctx context.Context, id, actor, eventType string)
 			}
 			tx.putCount(key, n)
 		}
-		tx.event(eventType, actor, map[string]string{"id": id})
+		tx.event(eventType, actor, map[string]any{"id": id})
 		return nil
 	})
 	if err != nil {
@@ -394,7 +432,7 @@ func (c *Cluster) RevokeNode(ctx context.Context, id, actor string) (*Node, erro
 		if holder == id && n.IdentityKey != "" {
 			tx.del(idKey)
 		}
-		tx.event(EventNodeRevoked, actor, map[string]string{"nodeId": id})
+		tx.event(EventNodeRevoked, actor, map[string]any{"nodeId": id})
 		return nil
 	})
 	if err != nil {
@@ -431,8 +469,15 @@ func (c *Cluster) Join(ctx context.Context, id string) (*Join, error) {
 	return &j, nil
 }
 
-// DecideJoin approves or refuses a pending join.
-func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool) (*Join, error) {
+// ErrSASMismatch means an approval named a short authentication string
+// other than the join's: the machine the approver stands at is not the one
+// that made this join. The join stays pending.
+var ErrSASMismatch = errors.New("the short authentication string does not match this join's")
+
+// DecideJoin approves or refuses a pending join. A non-empty sas must be
+// the join's SAS, or the approval is refused with ErrSASMismatch and the
+// join stays pending.
+func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool, sas string) (*Join, error) {
 	var j Join
 	err := c.update(ctx, func(tx *txn) error {
 		j = Join{}
@@ -446,6 +491,9 @@ func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool
 		if j.State != joinPending {
 			return fmt.Errorf("%w: join %s is %s", ErrInvalidState, id, j.State)
 		}
+		if approve && sas != "" && normalSAS(sas) != j.SAS {
+			return ErrSASMismatch
+		}
 		now := c.now().UTC()
 		j.DecidedAt, j.DecidedBy = &now, actor
 		typ := EventJoinApproved
@@ -454,16 +502,21 @@ func (c *Cluster) DecideJoin(ctx context.Context, id, actor string, approve bool
 			j.State, typ = joinRefused, EventJoinRefusedAdmin
 		}
 		tx.put(joinKey(id), j)
-		tx.event(typ, actor, map[string]string{"joinId": id, "secretId": j.SecretID})
+		tx.event(typ, actor, map[string]any{"joinId": id, "secretId": j.SecretID})
 		return nil
 	})
-	if errors.Is(err, ErrInvalidState) {
+	if errors.Is(err, ErrInvalidState) || errors.Is(err, ErrSASMismatch) {
 		return &j, err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("decide join: %w", err)
 	}
 	return &j, nil
+}
+
+// normalSAS drops the spaces and hyphens a person may type between digits.
+func normalSAS(s string) string {
+	return strings.NewReplacer(" ", "", "-", "").Replace(s)
 }
 
 // JoinState names, exported for the admin API.
@@ -479,7 +532,7 @@ func (j *Join) IsPending() bool { return j.State == joinPending }
 func (n *Node) Active() bool { return n.State == nodeActive }
 
 // Record appends a standalone event.
-func (c *Cluster) Record(ctx context.Context, typ, actor string, fields map[string]string) error {
+func (c *Cluster) Record(ctx context.Context, typ, actor string, fields map[string]any) error {
 	err := c.update(ctx, func(tx *txn) error {
 		tx.event(typ, actor, fields)
 		return nil

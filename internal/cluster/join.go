@@ -97,16 +97,21 @@ func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) 
 				return nil
 			}
 		}
-		if s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
+		if s.Burns() && s.Unproven+1 > MaxUnproven && len(s.Leases) > 0 {
 			return ErrBusy
 		}
-		if s.Unproven+1 > MaxUnproven {
+		if s.Burns() && s.Unproven+1 > MaxUnproven {
 			s.Leases = nil
 			s.RevokedAt, s.RevokedBy, s.ModifiedAt = &now, BurnedBy, now
-			tx.event(EventSecretBurned, SystemActor, map[string]string{"id": s.ID, "kind": s.Kind, "failedAttempts": fmt.Sprint(s.Unproven)})
+			tx.event(EventSecretBurned, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": s.Unproven})
 			att.Burned = true
 		} else {
 			s.Unproven++
+			if !s.Burns() && len(s.Leases) >= maxTrackedLeases {
+				// a token or key under a storm: nothing waits on its
+				// leases, so keep the record small
+				s.Leases = s.Leases[1:]
+			}
 			att.Counted, att.LeaseID = true, randomID("", 8)
 			l := Lease{ID: att.LeaseID, Until: now.Add(LeaseTime), Guess: req.Guess}
 			if len(commit) == sha256.Size {
@@ -156,10 +161,34 @@ func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error 
 		before := len(s.Leases)
 		s.dropLease(att.LeaseID, orphan)
 		if len(s.Leases) != before {
+			c.failedEvent(tx, &s)
 			tx.put(secretKey(s.ID), s)
 		}
 		return nil
 	})
+}
+
+// maxTrackedLeases bounds the in-flight attempts a token or key record
+// keeps; codes are bounded by MaxUnproven already.
+const maxTrackedLeases = 64
+
+// failedEvent announces a token's or key's failed proofs when their count
+// reaches the next power of two (1, 2, 4, 8, ...): operators see every
+// storm, and a storm of n guesses writes log2(n) events, not n.
+func (c *Cluster) failedEvent(tx *txn, s *Secret) {
+	if s.Burns() {
+		return
+	}
+	failed := s.Unproven - len(s.Leases)
+	if failed <= s.FailedReported || failed&(failed-1) != 0 {
+		return
+	}
+	s.FailedReported = failed
+	typ := EventTokenFailed
+	if s.Kind == KindKey {
+		typ = EventKeyFailed
+	}
+	tx.event(typ, SystemActor, map[string]any{"id": s.ID, "kind": s.Kind, "failedAttempts": failed})
 }
 
 // standIn makes the paths that count nothing (an unknown locator, an
@@ -194,6 +223,9 @@ type ProveRequest struct {
 	CurrentCA string // fingerprint of the current root
 	NewNodeID func() (string, error)
 	Issue     Issuer
+	// SAS derives the short authentication string of this PAKE session
+	// for a join id; nil leaves joins without one.
+	SAS func(joinID string) string
 	// Remote is the agent's address, recorded in the node.joined event.
 	Remote string
 	// TPM is the verified attestation of the key, nil when the agent
@@ -246,7 +278,7 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 		}
 		s.liveLeases(now)
 		if n := s.refund(req.Refunds); n > 0 {
-			tx.event(EventAttemptsRefunded, SystemActor, map[string]string{"id": s.ID, "refunded": fmt.Sprint(n), "failedAttempts": fmt.Sprint(s.Unproven)})
+			tx.event(EventAttemptsRefunded, SystemActor, map[string]any{"id": s.ID, "refunded": n, "failedAttempts": s.Unproven})
 		}
 		if out, err = c.prove(tx, &s, req, now); err != nil {
 			return err
@@ -262,9 +294,9 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 	return out, nil
 }
 
-func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string]string) Outcome {
+func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string]any) Outcome {
 	if fields == nil {
-		fields = map[string]string{}
+		fields = map[string]any{}
 	}
 	fields["secretId"], fields["code"] = s.ID, code
 	tx.event(EventJoinRefused, SystemActor, fields)
@@ -274,11 +306,20 @@ func (c *Cluster) refuse(tx *txn, s *Secret, code, msg string, fields map[string
 func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Outcome, error) {
 	switch st := s.State(now); {
 	case st == stateRevoked && s.Burned():
-		return c.refuse(tx, s, wire.CodeRevoked, "the join code was burned after too many failed attempts; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was burned after too many failed attempts; ask for a new one", nil), nil
+	case st == stateRevoked && s.RevokedBy == UsedUpBy:
+		// used up: the joins it holds go on; a new one is refused below
+	case st == stateRevoked && s.RevokedBy == CARotatedBy:
+		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
+	case st == stateRevoked && s.RevokedBy == CARetiredBy:
+		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was minted under a cluster CA root that has been retired; ask for a new one", nil), nil
 	case st == stateRevoked:
-		return c.refuse(tx, s, wire.CodeRevoked, "the join code was revoked; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeRevoked, "the "+kindName(s.Kind)+" was revoked; ask for a new one", nil), nil
 	}
-	if s.CAFingerprint != req.CurrentCA {
+	// A code's record commits to its root, and a rotation ends it; a token
+	// or key goes on joining through its root until that root is retired
+	// (it then is revoked, above), and its agent pins the current root.
+	if s.Burns() && s.CAFingerprint != req.CurrentCA {
 		return c.refuse(tx, s, wire.CodeStale, "the join code was minted under a cluster CA that has since been rotated; ask for a new one", nil), nil
 	}
 	if req.TPMRefusal != "" {
@@ -288,10 +329,10 @@ func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Ou
 		return c.refuse(tx, s, wire.CodeTPMRequired, "this pool requires TPM attestation, and this agent offered none (run it on a machine with a TPM, or give it --tpm)", nil), nil
 	}
 	if MismatchedTPM(s.Expect, req.TPM) {
-		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's TPM is not the one the join code is pinned to (ekHash)", map[string]string{"field": FieldEKHash}), nil
+		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's TPM is not the one the join code is pinned to (ekHash)", map[string]any{"field": FieldEKHash}), nil
 	}
 	if field := MismatchedField(s.Expect, req.Facts); field != "" {
-		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the join code is pinned to", map[string]string{"field": field}), nil
+		return c.refuse(tx, s, wire.CodeIdentityMismatch, "this machine's "+field+" is not the one the "+kindName(s.Kind)+" is pinned to", map[string]any{"field": field}), nil
 	}
 
 	// A join this key already made with this secret is continued, never
@@ -317,18 +358,22 @@ func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Ou
 	// (pending an administrator, or whose Result was lost) goes on after
 	// it, as the approval may come hours later.
 	if s.State(now) == stateExpired {
-		return c.refuse(tx, s, wire.CodeExpired, "the join code expired; ask for a new one", nil), nil
+		return c.refuse(tx, s, wire.CodeExpired, "the "+kindName(s.Kind)+" expired; ask for a new one", nil), nil
 	}
-	if s.State(now) == stateUsedUp {
-		return c.refuse(tx, s, wire.CodeUsedUp, "the join code has no uses left; ask for a new one", nil), nil
+	if s.usedUp() {
+		return c.refuse(tx, s, wire.CodeUsedUp, "the "+kindName(s.Kind)+" has no uses left; ask for a new one", nil), nil
 	}
 	j := &Join{ID: randomID("join-", 10), SecretID: s.ID, KeyFP: req.KeyFP, Facts: factsFrom(req.Facts), Pool: s.Pool, CreatedAt: now}
 	if s.RequireApproval {
 		j.State = joinPending
+		if req.SAS != nil {
+			j.SAS = req.SAS(j.ID)
+		}
 		s.Uses++
+		c.revokeIfUsedUp(tx, s, now)
 		tx.put(joinKey(j.ID), j)
 		tx.putString(jkKey, j.ID)
-		tx.event(EventJoinPending, SystemActor, map[string]string{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
+		tx.event(EventJoinPending, SystemActor, map[string]any{"joinId": j.ID, "secretId": s.ID, "keyFingerprint": req.KeyFP})
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
 	}
 	out, err := c.completeNode(tx, s, j, req, now)
@@ -336,13 +381,45 @@ func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Ou
 		return out, err
 	}
 	s.Uses++
+	c.revokeIfUsedUp(tx, s, now)
 	tx.putString(jkKey, j.ID)
 	return out, nil
+}
+
+// revokeIfUsedUp revokes a join code by UsedUpBy the moment its last
+// allowed use is spent, with an event. Tokens keep their used-up state
+// (seed 000 lists them as used up, not revoked).
+func (c *Cluster) revokeIfUsedUp(tx *txn, s *Secret, now time.Time) {
+	if s.Kind != KindCode || s.MaxUses == 0 || s.Uses < s.MaxUses || s.RevokedAt != nil {
+		return
+	}
+	s.RevokedAt, s.RevokedBy = &now, UsedUpBy
+	tx.event(EventCodeRevoked, UsedUpBy, map[string]any{"id": s.ID, "pool": s.Pool, "tenant": s.Tenant, "uses": s.Uses})
+}
+
+// kindName names a secret's kind in messages agents print.
+func kindName(kind string) string {
+	switch kind {
+	case KindToken:
+		return "join token"
+	case KindKey:
+		return "join key"
+	}
+	return "join code"
 }
 
 func (c *Cluster) resume(tx *txn, s *Secret, j *Join, req ProveRequest, now time.Time) (Outcome, error) {
 	switch j.State {
 	case joinPending:
+		// The holder of the CSR's key came back on a new PAKE session
+		// (the listener checked the CSR's signature): the SAS is now that
+		// session's, the one its agent prints.
+		if req.SAS != nil {
+			if sas := req.SAS(j.ID); sas != j.SAS {
+				j.SAS = sas
+				tx.put(joinKey(j.ID), j)
+			}
+		}
 		return Outcome{Status: wire.StatusPending, Join: j}, nil
 	case joinRefused:
 		return refused(wire.CodeApprovalRefused, "an administrator refused this join"), nil
@@ -392,7 +469,7 @@ func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, no
 			}
 			if found && old.Active() {
 				if !s.AllowReclaim {
-					return c.refuse(tx, s, wire.CodeNodeExists, "a node with this machine's identity is already joined ("+old.ID+"); revoke it or use a code that allows reclaim", map[string]string{"nodeId": old.ID}), nil
+					return c.refuse(tx, s, wire.CodeNodeExists, "a node with this machine's identity is already joined ("+old.ID+"); revoke it or use a code that allows reclaim", map[string]any{"nodeId": old.ID}), nil
 				}
 				if old.CertSerial != "" {
 					old.RevokedSerials = append(old.RevokedSerials, old.CertSerial)
@@ -435,7 +512,7 @@ func (c *Cluster) completeNode(tx *txn, s *Secret, j *Join, req ProveRequest, no
 	tx.put(nodeKey(n.ID), n)
 	tx.put(joinKey(j.ID), j)
 	tx.putString(serialKey(cert.Serial), serialOwner(n))
-	fields := map[string]string{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
+	fields := map[string]any{"nodeId": n.ID, "secretId": s.ID, "pool": s.Pool, "role": n.Role, "trust": n.Trust}
 	if req.Remote != "" {
 		fields["remoteAddr"] = req.Remote
 	}
@@ -561,7 +638,7 @@ func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) 
 		n.CertSerial, n.NotAfter, n.RenewedAt, n.KeyFP = cert.Serial, cert.NotAfter, &now, req.KeyFP
 		tx.put(nodeKey(n.ID), n)
 		tx.putString(serialKey(cert.Serial), serialOwner(&n))
-		tx.event(EventNodeRenewed, SystemActor, map[string]string{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
+		tx.event(EventNodeRenewed, SystemActor, map[string]any{"nodeId": n.ID, "notAfter": cert.NotAfter.UTC().Format(time.RFC3339)})
 		out = Outcome{Status: wire.StatusJoined, Node: &n, Cert: cert}
 		return nil
 	})
@@ -616,7 +693,7 @@ func (c *Cluster) ResetAttempts(ctx context.Context, id, actor string) (*Secret,
 		before := s.Unproven
 		s.Unproven, s.Orphans, s.ModifiedAt = len(s.Leases), nil, now
 		tx.put(secretKey(id), s)
-		tx.event(EventAttemptsReset, actor, map[string]string{"id": id, "kind": s.Kind, "failedAttemptsBefore": fmt.Sprint(before - len(s.Leases)), "inFlight": fmt.Sprint(len(s.Leases))})
+		tx.event(EventAttemptsReset, actor, map[string]any{"id": id, "kind": s.Kind, "failedAttemptsBefore": before - len(s.Leases), "inFlight": len(s.Leases)})
 		return nil
 	})
 	if err != nil {

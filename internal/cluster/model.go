@@ -31,6 +31,20 @@ const MaxUnproven = 10
 // BurnedBy is the revokedBy of a burned secret (seed 004).
 const BurnedBy = "system:too-many-attempts"
 
+// CARotatedBy is the revokedBy of a join code that `ca rotate` ended: a
+// code's record commits to the root it was minted under.
+const CARotatedBy = "system:ca-rotation"
+
+// CARetiredBy is the revokedBy of a secret of any kind whose root `ca
+// retire` ended.
+const CARetiredBy = "system:ca-retired"
+
+// UsedUpBy is the revokedBy of a join code whose last allowed use was
+// spent: the join-codes API knows only live, expired and revoked, and a
+// used-up code is revoked at that moment, not listed expired before its
+// time. Joins it already holds (pending, or whose Result was lost) go on.
+const UsedUpBy = "system:used-up"
+
 // Secret kinds.
 const (
 	KindCode  = "code"
@@ -110,18 +124,22 @@ type Secret struct {
 	Endpoint      string         `json:"endpoint"`
 	// Endpoints are every endpoint of the cluster when it was minted,
 	// Endpoint first; agents fail over from one to the next.
-	Endpoints       []string   `json:"endpoints,omitempty"`
-	Tenant          string     `json:"tenant"`
-	Pool            string     `json:"pool"`
-	Role            string     `json:"role"`
-	Trust           string     `json:"trust"`
-	Hosted          string     `json:"hosted,omitempty"`
-	Expect          *Expect    `json:"expect,omitempty"`
-	AllowReclaim    bool       `json:"allowReclaim,omitempty"`
-	RequireApproval bool       `json:"requireApproval,omitempty"`
-	MaxUses         int        `json:"maxUses"` // 0: unlimited
-	Uses            int        `json:"uses"`
-	Unproven        int        `json:"unproven"`
+	Endpoints       []string `json:"endpoints,omitempty"`
+	Tenant          string   `json:"tenant"`
+	Pool            string   `json:"pool"`
+	Role            string   `json:"role"`
+	Trust           string   `json:"trust"`
+	Hosted          string   `json:"hosted,omitempty"`
+	Expect          *Expect  `json:"expect,omitempty"`
+	AllowReclaim    bool     `json:"allowReclaim,omitempty"`
+	RequireApproval bool     `json:"requireApproval,omitempty"`
+	MaxUses         int      `json:"maxUses"` // 0: unlimited
+	Uses            int      `json:"uses"`
+	Unproven        int      `json:"unproven"`
+	// FailedReported is the failed-proof count of a token or key last
+	// announced by an event; events go out at 1, 2, 4, 8, ... failures,
+	// so a guessing storm writes log2(n) of them.
+	FailedReported  int        `json:"failedReported,omitempty"`
 	Registrations   int        `json:"registrations"`
 	CreatedBy       string     `json:"createdBy"`
 	CreatedAt       time.Time  `json:"createdAt"`
@@ -170,6 +188,17 @@ func (s *Secret) Live(now time.Time) bool { return s.State(now) == stateLive }
 
 // Burned reports whether the secret was revoked for too many attempts.
 func (s *Secret) Burned() bool { return s.RevokedBy == BurnedBy }
+
+// Burns reports whether the failure limit applies: to join codes only. A
+// token or key holds at least 128 bits nobody can guess online, and a burn
+// rule on it would only be a lever for denial of service; its failed
+// proofs are counted and announced instead.
+func (s *Secret) Burns() bool { return s.Kind == KindCode }
+
+// usedUp reports whether a code's last allowed use is spent.
+func (s *Secret) usedUp() bool {
+	return s.RevokedBy == UsedUpBy || s.MaxUses > 0 && s.Uses >= s.MaxUses
+}
 
 // Lease marks one counted attempt in flight.
 type Lease struct {
@@ -322,6 +351,10 @@ type Join struct {
 	CreatedAt time.Time  `json:"createdAt"`
 	DecidedAt *time.Time `json:"decidedAt,omitempty"`
 	DecidedBy string     `json:"decidedBy,omitempty"`
+	// SAS is the short authentication string of the PAKE session that
+	// made (or last resumed) this join: six digits the agent prints and
+	// an approver compares at the machine. It is no secret.
+	SAS string `json:"sas,omitempty"`
 }
 
 // Facts are what a machine claimed at join, as stored: the store's own
@@ -368,11 +401,11 @@ func (h *Host) Wire() *wire.Host {
 
 // Event is one durable, ordered record of something that happened.
 type Event struct {
-	Seq    string            `json:"seq"`
-	Type   string            `json:"type"`
-	Time   time.Time         `json:"time"`
-	Actor  string            `json:"actor,omitempty"`
-	Fields map[string]string `json:"fields,omitempty"`
+	Seq    string         `json:"seq"`
+	Type   string         `json:"type"`
+	Time   time.Time      `json:"time"`
+	Actor  string         `json:"actor,omitempty"`
+	Fields map[string]any `json:"fields,omitempty"`
 }
 
 // Event types.
@@ -384,6 +417,8 @@ const (
 	EventKeyCreated       = "security.join-key.created"
 	EventKeyDeleted       = "security.join-key.deleted"
 	EventSecretBurned     = "security.join-code.burned"
+	EventTokenFailed      = "security.join-token.failed-attempts"
+	EventKeyFailed        = "security.join-key.failed-attempts"
 	EventNodeJoined       = "node.joined"
 	EventNodeReclaimed    = "node.reclaimed"
 	EventNodeRevoked      = "node.revoked"
@@ -393,6 +428,8 @@ const (
 	EventJoinApproved     = "join.approved"
 	EventJoinRefusedAdmin = "join.approval-refused"
 	EventCARotated        = "ca.rotated"
+	EventCARetired        = "ca.retired"
+	EventKeyRevoked       = "security.join-key.revoked"
 	EventAttemptsRefunded = "security.join-code.attempts-refunded"
 	EventAttemptsReset    = "security.join-code.attempts-reset"
 )

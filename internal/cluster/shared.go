@@ -26,7 +26,7 @@ var errIdentityMoved = errors.New("cluster identity moved")
 // PutSharedIdentity replaces the sealed identity record if it is still at
 // rev (0: create it), with an event of eventType when given, in the same
 // transaction. It reports whether it did.
-func (c *Cluster) PutSharedIdentity(ctx context.Context, record []byte, rev int64, eventType, actor string, fields map[string]string) (bool, error) {
+func (c *Cluster) PutSharedIdentity(ctx context.Context, record []byte, rev int64, eventType, actor string, fields map[string]any) (bool, error) {
 	err := c.update(ctx, func(tx *txn) error {
 		kv, err := tx.get(keySharedIdentity)
 		if err != nil {

@@ -102,7 +102,7 @@ func (tx *txn) putCount(key string, n uint64) { tx.putString(key, strconv.Format
 func (tx *txn) del(key string) { tx.op(store.Op{Key: key, Delete: true}) }
 
 // event records an event that commits with the round.
-func (tx *txn) event(typ, actor string, fields map[string]string) {
+func (tx *txn) event(typ, actor string, fields map[string]any) {
 	ev, op := tx.c.newEvent(typ, actor, fields)
 	tx.events = append(tx.events, ev)
 	tx.op(op)

@@ -16,7 +16,9 @@
 package pake
 
 import (
+	"crypto/hkdf"
 	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/sha512"
 	"errors"
 	"fmt"
@@ -40,29 +42,53 @@ const (
 )
 
 // KSFParams are Argon2id's time, memory (KiB) and threads. The listener
-// pins them in its configuration and records them per secret; the agent
-// receives them in the Challenge and refuses values outside the bounds
-// below.
+// records them per secret, so a secret minted under other parameters keeps
+// working; the agent receives them in the Challenge and refuses values
+// outside the bounds below. The zero value is no key stretching (OPAQUE's
+// identity KSF): what tokens and keys use, whose 128 bits and more no
+// offline search can cover, stretched or not (docs/secrets.md).
 type KSFParams struct {
 	Time      uint32 `json:"time" cbor:"1,keyasint"`
 	MemoryKiB uint32 `json:"memoryKiB" cbor:"2,keyasint"`
 	Threads   uint8  `json:"threads" cbor:"3,keyasint"`
 }
 
+// NoKSF is the identity KSF, for secrets of at least 128 bits.
+var NoKSF = KSFParams{}
+
+// CodeKSF is what join codes are stretched with: one pass over 8 MiB in
+// one lane. docs/secrets.md derives it from the offline cost of a 50-bit
+// code against its lifetime; it keeps a join under 40 ms and a mint under
+// 10 ms of CPU.
+var CodeKSF = KSFParams{Time: 1, MemoryKiB: 8 * 1024, Threads: 1}
+
 // DefaultKSF is Argon2id as bytemare/ksf defaults it (and RFC 9106's
-// second recommendation): 3 passes over 64 MiB with 4 lanes.
+// second recommendation): 3 passes over 64 MiB with 4 lanes. Codes minted
+// before CodeKSF carry it in their records.
 var DefaultKSF = KSFParams{Time: 3, MemoryKiB: 64 * 1024, Threads: 4}
 
-// LightestKSF is the cheapest setting a listener accepts or an agent
-// computes: still memory-hard, for test fleets and constrained machines.
-var LightestKSF = KSFParams{Time: 1, MemoryKiB: 8 * 1024, Threads: 1}
+// LightestKSF is the cheapest Argon2id setting a listener accepts or an
+// agent computes for a join code.
+var LightestKSF = CodeKSF
 
 // maxKSFMemoryKiB bounds what a (possibly fake) listener can make an agent
 // allocate.
 const maxKSFMemoryKiB = 1024 * 1024
 
-// Check validates the parameters against the accepted bounds.
+// None reports whether p is the identity KSF.
+func (p KSFParams) None() bool { return p == NoKSF }
+
+// Check validates the parameters against the accepted bounds; the
+// identity KSF is accepted.
 func (p KSFParams) Check() error {
+	if p.None() {
+		return nil
+	}
+	return p.CheckArgon2id()
+}
+
+// CheckArgon2id validates memory-hard parameters: what a join code needs.
+func (p KSFParams) CheckArgon2id() error {
 	switch {
 	case p.Time < LightestKSF.Time || p.Time > 16:
 		return fmt.Errorf("argon2id time %d outside %d..16", p.Time, LightestKSF.Time)
@@ -75,6 +101,9 @@ func (p KSFParams) Check() error {
 }
 
 func (p KSFParams) clientOptions() *opaque.ClientOptions {
+	if p.None() {
+		return &opaque.ClientOptions{}
+	}
 	return &opaque.ClientOptions{KSFParameters: []uint64{uint64(p.Time), uint64(p.MemoryKiB), uint64(p.Threads)}}
 }
 
@@ -83,8 +112,17 @@ func (p KSFParams) clientOptions() *opaque.ClientOptions {
 var ErrNotAccepted = errors.New("code not accepted, or the listener is not authentic")
 
 func configuration(ctx []byte) *opaque.Configuration {
+	return configurationFor(ctx, DefaultKSF)
+}
+
+// configurationFor is the configuration of a client that stretches with
+// p: Argon2id, or the identity KSF (0) for NoKSF.
+func configurationFor(ctx []byte, p KSFParams) *opaque.Configuration {
 	conf := opaque.DefaultConfiguration()
 	conf.KSF = ksf.Argon2id
+	if p.None() {
+		conf.KSF = 0
+	}
 	conf.Context = ctx
 	return conf
 }
@@ -164,7 +202,7 @@ func (k *ServerKeys) Mint(locator string, password, serverID []byte, p KSFParams
 	if err != nil {
 		return nil, err
 	}
-	c, err := configuration(nil).Client()
+	c, err := configurationFor(nil, p).Client()
 	if err != nil {
 		return nil, fmt.Errorf("opaque client: %w", err)
 	}
@@ -208,6 +246,8 @@ func (k *ServerKeys) fakeRecord(locator string) *message.RegistrationRecord {
 type ServerLogin struct {
 	srv       *opaque.Server
 	clientMAC []byte
+	session   []byte
+	verified  bool
 }
 
 // Respond answers KE1 for locator with the record minted under serverID.
@@ -233,7 +273,7 @@ func (k *ServerKeys) Respond(bindingCtx, serverID []byte, locator string, ke1 []
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate KE2: %w", err)
 	}
-	return m2.Serialize(), &ServerLogin{srv: srv, clientMAC: out.ClientMAC}, nil
+	return m2.Serialize(), &ServerLogin{srv: srv, clientMAC: out.ClientMAC, session: out.SessionSecret}, nil
 }
 
 // Finish verifies KE3. Any failure is ErrNotAccepted.
@@ -245,44 +285,95 @@ func (l *ServerLogin) Finish(ke3 []byte) error {
 	if err := l.srv.LoginFinish(m3, l.clientMAC); err != nil {
 		return ErrNotAccepted
 	}
+	l.verified = true
 	return nil
 }
 
-// ClientLogin is the agent's state for one login.
+// SAS is the short authentication string of this login for joinID; only
+// after Finish verified KE3 (the session key is not to be used before).
+func (l *ServerLogin) SAS(joinID string) (string, error) {
+	if !l.verified {
+		return "", errors.New("sas before the login was verified")
+	}
+	return SAS(l.session, joinID), nil
+}
+
+// ClientLogin is the agent's state for one login. The OPRF blind and the
+// AKE key share are chosen here, so that the KE3 can be computed by a
+// client configured with the KSF the Challenge names (KE1 does not depend
+// on it).
 type ClientLogin struct {
-	c        *opaque.Client
-	locator  string
-	password []byte
+	bindingCtx []byte
+	locator    string
+	password   []byte
+	blind      *ecc.Scalar
+	esk        *ecc.Scalar
+	ke1        []byte
 }
 
 // Start begins a login: it returns KE1. One ClientLogin per attempt.
 func Start(bindingCtx []byte, locator string, password []byte) (*ClientLogin, []byte, error) {
+	return start(bindingCtx, locator, password, ecc.Ristretto255Sha512.NewScalar().Random())
+}
+
+// start begins a login with the OPRF blind given; the AKE key share is
+// always fresh.
+func start(bindingCtx []byte, locator string, password []byte, blind *ecc.Scalar) (*ClientLogin, []byte, error) {
 	c, err := configuration(bindingCtx).Client()
 	if err != nil {
 		return nil, nil, fmt.Errorf("opaque client: %w", err)
 	}
-	ke1, err := c.GenerateKE1(password)
+	defer c.ClearState()
+	esk := ecc.Ristretto255Sha512.NewScalar().Random()
+	ke1, err := c.GenerateKE1(password, &opaque.ClientOptions{OPRFBlind: blind.Copy(), AKE: &opaque.AKEOptions{SecretKeyShare: esk.Copy()}})
 	if err != nil {
 		return nil, nil, fmt.Errorf("generate KE1: %w", err)
 	}
-	return &ClientLogin{c: c, locator: locator, password: password}, ke1.Serialize(), nil
+	b := ke1.Serialize()
+	return &ClientLogin{bindingCtx: bindingCtx, locator: locator, password: password, blind: blind, esk: esk, ke1: b}, b, nil
 }
 
 // Finish checks KE2 against serverID (the CA fingerprint the agent derived
-// from the Challenge) and returns KE3. Any authentication failure is
-// ErrNotAccepted; the agent then must send nothing more.
-func (l *ClientLogin) Finish(ke2 []byte, serverID []byte, p KSFParams) ([]byte, error) {
-	defer l.c.ClearState()
+// from the Challenge) and returns KE3 and the session key (for the SAS).
+// Any authentication failure is ErrNotAccepted; the agent then must send
+// nothing more.
+func (l *ClientLogin) Finish(ke2 []byte, serverID []byte, p KSFParams) (ke3, session []byte, err error) {
+	defer func() { l.blind.Zero(); l.esk.Zero() }()
 	if err := p.Check(); err != nil {
-		return nil, fmt.Errorf("listener asked for unacceptable key stretching: %w", err)
+		return nil, nil, fmt.Errorf("listener asked for unacceptable key stretching: %w", err)
 	}
-	m2, err := l.c.Deserialize.KE2(ke2)
+	c, err := configurationFor(l.bindingCtx, p).Client()
 	if err != nil {
-		return nil, ErrNotAccepted
+		return nil, nil, fmt.Errorf("opaque client: %w", err)
 	}
-	ke3, _, _, err := l.c.GenerateKE3(m2, []byte(l.locator), serverID, p.clientOptions())
+	defer c.ClearState()
+	m2, err := c.Deserialize.KE2(ke2)
 	if err != nil {
-		return nil, ErrNotAccepted
+		return nil, nil, ErrNotAccepted
 	}
-	return ke3.Serialize(), nil
+	opts := p.clientOptions()
+	opts.OPRFBlind, opts.ResumePassword, opts.ResumeKE1 = l.blind, l.password, l.ke1
+	opts.AKE = &opaque.AKEOptions{SecretKeyShare: l.esk}
+	m3, sessionKey, _, err := c.GenerateKE3(m2, []byte(l.locator), serverID, opts)
+	if err != nil {
+		return nil, nil, ErrNotAccepted
+	}
+	return m3.Serialize(), sessionKey, nil
+}
+
+// SASLabel starts the HKDF info of a short authentication string.
+const SASLabel = "stratum-join/1 sas"
+
+// SAS derives the short authentication string of a join from the PAKE
+// session key: 6 decimal digits of HKDF-SHA-256(session, info = SASLabel
+// || 0 || joinID). Both ends compute it; only the two ends of this PAKE
+// session hold the key, so a machine racing the same code, or a relay,
+// gets other digits (docs/secrets.md gives the property and its limits).
+func SAS(session []byte, joinID string) string {
+	out, err := hkdf.Key(sha256.New, session, nil, SASLabel+"\x00"+joinID, 4)
+	if err != nil { // only for an output length HKDF cannot give
+		panic(err)
+	}
+	n := uint32(out[0])<<24 | uint32(out[1])<<16 | uint32(out[2])<<8 | uint32(out[3])
+	return fmt.Sprintf("%06d", n%1000000)
 }

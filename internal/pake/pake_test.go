@@ -22,7 +22,7 @@ func login(t *testing.T, k *ServerKeys, record []byte, locator string, pw, serve
 	if len(ke2) != KE2Size {
 		t.Fatalf("KE2 %d bytes", len(ke2))
 	}
-	ke3, err := cl.Finish(ke2, clientServerID, LightestKSF)
+	ke3, _, err := cl.Finish(ke2, clientServerID, LightestKSF)
 	if err != nil {
 		return err
 	}

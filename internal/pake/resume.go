@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/bytemare/ecc"
-	"github.com/bytemare/opaque"
 )
 
 // blindDST separates the blinds derived from an attempt seed from every
@@ -26,16 +25,8 @@ func StartSeeded(bindingCtx []byte, locator string, password, seed []byte) (*Cli
 		return nil, nil, errors.New("attempt seed shorter than 32 bytes")
 	}
 	conf := configuration(bindingCtx)
-	c, err := conf.Client()
-	if err != nil {
-		return nil, nil, fmt.Errorf("opaque client: %w", err)
-	}
 	blind := ecc.Group(conf.OPRF).HashToScalar(seed, []byte(blindDST))
-	ke1, err := c.GenerateKE1(password, &opaque.ClientOptions{OPRFBlind: blind})
-	if err != nil {
-		return nil, nil, fmt.Errorf("generate KE1: %w", err)
-	}
-	return &ClientLogin{c: c, locator: locator, password: password}, ke1.Serialize(), nil
+	return start(bindingCtx, locator, password, blind)
 }
 
 // GuessOf names the password guess a KE1 carries: hex SHA-256 of its

@@ -247,6 +247,10 @@ type Result struct {
 	Trust      string   `cbor:"9,keyasint,omitempty"`
 	RenewAfter int64    `cbor:"10,keyasint,omitempty"` // unix seconds
 	Host       *Host    `cbor:"11,keyasint,omitempty"`
+	// SAS is the short authentication string of a pending join: six
+	// digits both ends derive from the PAKE session key and the join id.
+	// The agent checks it against its own and prints it.
+	SAS string `cbor:"12,keyasint,omitempty"`
 	// RetryAfter is how many seconds to wait before retrying a retryable
 	// refusal (JOIN_UNAVAILABLE, JOIN_RATE_LIMITED).
 	RetryAfter int64 `cbor:"13,keyasint,omitempty"`
@@ -258,7 +262,7 @@ type Result struct {
 func (*Result) Type() byte { return TypeResult }
 
 func (m *Result) Check() error {
-	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 {
+	if len(m.Message) > 1024 || len(m.Code) > 64 || len(m.JoinID) > 64 || len(m.NodeID) > 64 || len(m.SAS) > 16 {
 		return errors.New("oversized field")
 	}
 	if m.RetryAfter < 0 || m.RetryAfter > 86400 || m.PendingFor < 0 || m.PendingFor > 7*86400 {

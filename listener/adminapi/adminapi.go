@@ -45,6 +45,7 @@ type Core interface {
 	CA() (*pki.CA, string)
 	Roots() []*x509.Certificate
 	RotateCA(ctx context.Context, actor string) (string, error)
+	RetireCA(ctx context.Context, actor string) (int, error)
 	Endpoint() string
 	TrustDomain() string
 	Registry() *registry.Registry

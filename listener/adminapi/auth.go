@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 
 	"golang.org/x/time/rate"
 
@@ -95,7 +96,7 @@ func (s *Server) organization(p Principal) (registry.Tenant, error) {
 }
 
 // allowRequest spends one token of the organization's rate limit.
-func (s *Server) allowRequest(org registry.Tenant) bool {
+func (s *Server) allowRequest(org registry.Tenant) (bool, time.Duration) {
 	s.limitersMu.Lock()
 	l := s.limiters[org.ID]
 	if l == nil {
@@ -103,5 +104,13 @@ func (s *Server) allowRequest(org registry.Tenant) bool {
 		s.limiters[org.ID] = l
 	}
 	s.limitersMu.Unlock()
-	return l.Allow()
+	res := l.Reserve()
+	if !res.OK() {
+		return false, time.Second
+	}
+	if d := res.Delay(); d > 0 {
+		res.Cancel()
+		return false, d
+	}
+	return true, 0
 }

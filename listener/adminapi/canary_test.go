@@ -25,7 +25,7 @@ func TestNoSecretLeaks(t *testing.T) {
 
 	tok := e.do(bearer(api), "POST", createPath, createBody("idempotencyKey", "canary", "maxUses", 3)).json(t)
 	key := e.do(bearer(api), "POST", keysPath, keyBody()).json(t)["data"].(map[string]any)
-	code := e.do(bearer(api), "POST", codesPath, map[string]any{"pool": "pool-a", "maxUses": 3}).json(t)
+	code := e.do(bearer(api), "POST", codesPath, map[string]any{"pool": "pool-a", "maxUses": 3, "autoApprove": true}).json(t)
 	token, keyToken, joinCode := tok["token"].(string), key["token"].(string), code["code"].(string)
 
 	e.mustJoin(token, machine("4c4c4544-0000-0000-0000-0000000dd001", "canary-1"))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,12 +49,13 @@ type Code struct {
 	AgentCommand string `json:"agentCommand,omitempty"`
 }
 
-// seed 004 knows live, expired and revoked; a code with no uses left no
-// longer joins, which is closest to expired.
+// seed 004 knows live, expired and revoked. A code whose last use is
+// spent is revoked by system:used-up at that moment; one used up before
+// that rule (with no revocation recorded) is listed revoked too.
 func codeState(s *cluster.Secret, now time.Time) string {
 	st := s.State(now)
 	if st == "used-up" {
-		return "expired"
+		return "revoked"
 	}
 	return st
 }
@@ -93,13 +95,16 @@ func (s *Server) listCodes(w http.ResponseWriter, r *http.Request, p Principal) 
 
 // MintCodeRequest is the body of POST /v1/admin/cluster/join-codes.
 type MintCodeRequest struct {
-	TTLSeconds      int             `json:"ttlSeconds,omitempty"`
-	MaxUses         *int            `json:"maxUses,omitempty"`
-	Pool            string          `json:"pool,omitempty"`
-	RequireApproval bool            `json:"requireApproval,omitempty"`
-	Expect          *cluster.Expect `json:"expect,omitempty"`
-	AllowReclaim    bool            `json:"allowReclaim,omitempty"`
-	Hosted          string          `json:"hosted,omitempty"`
+	TTLSeconds int    `json:"ttlSeconds,omitempty"`
+	MaxUses    *int   `json:"maxUses,omitempty"` // default 0: every machine of the batch
+	Pool       string `json:"pool,omitempty"`
+	// AutoApprove joins machines without an approval. By default every
+	// join with a code is held until an administrator approves it: a
+	// batch code serves many machines, and the approval is the gate.
+	AutoApprove  bool            `json:"autoApprove,omitempty"`
+	Expect       *cluster.Expect `json:"expect,omitempty"`
+	AllowReclaim bool            `json:"allowReclaim,omitempty"`
+	Hosted       string          `json:"hosted,omitempty"`
 }
 
 // Join code defaults and bounds.
@@ -117,8 +122,8 @@ func (req *MintCodeRequest) validate() []fieldError {
 		errs = append(errs, fieldError{path: "ttlSeconds", msg: fmt.Sprintf("must be 60-%d", int(MaxCodeTTL/time.Second))})
 	}
 	if req.MaxUses == nil {
-		one := 1
-		req.MaxUses = &one
+		unlimited := 0
+		req.MaxUses = &unlimited
 	}
 	if *req.MaxUses < 0 || *req.MaxUses > 10000 {
 		errs = append(errs, fieldError{path: "maxUses", msg: "must be 0 (unlimited) to 10000"})
@@ -160,10 +165,10 @@ func (s *Server) mintCode(w http.ResponseWriter, r *http.Request, p Principal) e
 	role, trust := s.core.Registry().Trust(pool, req.Hosted)
 	sec := cluster.Secret{
 		ID: "jc-" + id, Kind: cluster.KindCode, Tenant: pool.Tenant, Pool: pool.ID, Role: role, Trust: trust,
-		Hosted: req.Hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, RequireApproval: req.RequireApproval,
+		Hosted: req.Hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, RequireApproval: !req.AutoApprove,
 		MaxUses: *req.MaxUses, CreatedBy: p.Name, ExpiresAt: &exp,
 	}
-	fields := map[string]string{"pool": pool.ID, "tenant": pool.Tenant, "pinned": strconv.FormatBool(!req.Expect.Empty()), "trust": trust}
+	fields := map[string]any{"pool": pool.ID, "tenant": pool.Tenant, "pinned": !req.Expect.Empty(), "trust": trust}
 	if req.Hosted != "" {
 		fields["hosted"] = req.Hosted
 	}
@@ -213,7 +218,7 @@ func (s *Server) revokeCode(w http.ResponseWriter, r *http.Request, p Principal)
 	if err != nil {
 		return err
 	}
-	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventCodeRevoked, map[string]string{"pool": sec.Pool, "tenant": sec.Tenant})
+	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventCodeRevoked, map[string]any{"pool": sec.Pool, "tenant": sec.Tenant})
 	if err != nil {
 		return errInternal(err)
 	}
@@ -312,18 +317,91 @@ func (s *Server) revokeNode(w http.ResponseWriter, r *http.Request, p Principal)
 	return nil
 }
 
-func (s *Server) listJoins(w http.ResponseWriter, r *http.Request, _ Principal) error {
+// joinTenant is the tenant a join's pool belongs to.
+func (s *Server) joinTenant(j *cluster.Join) string {
+	if pool, ok := s.core.Registry().Pool(j.Pool); ok {
+		return pool.Tenant
+	}
+	return cluster.DefaultTenant
+}
+
+func (s *Server) listJoins(w http.ResponseWriter, r *http.Request, p Principal) error {
+	if !p.may(ActionDescribeNodeJoins, ResourceCluster) {
+		return errForbidden("needs " + ActionDescribeNodeJoins + " on " + ResourceCluster)
+	}
 	joins, err := s.core.Cluster().Joins(r.Context())
 	if err != nil {
 		return errInternal(err)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": joins})
+	items := make([]cluster.Join, 0, len(joins))
+	for i := range joins {
+		if p.actsFor(s.joinTenant(&joins[i])) {
+			items = append(items, joins[i])
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"items": items})
 	return nil
 }
 
+// joinFor loads a join the caller may see.
+func (s *Server) joinFor(r *http.Request, p Principal) (*cluster.Join, error) {
+	j, err := s.core.Cluster().Join(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, lookupErr(err, "join")
+	}
+	if !p.actsFor(s.joinTenant(j)) {
+		return nil, errNotFound("join")
+	}
+	return j, nil
+}
+
+func (s *Server) getJoin(w http.ResponseWriter, r *http.Request, p Principal) error {
+	if !p.may(ActionDescribeNodeJoins, ResourceCluster) {
+		return errForbidden("needs " + ActionDescribeNodeJoins + " on " + ResourceCluster)
+	}
+	j, err := s.joinFor(r, p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, j)
+	return nil
+}
+
+// DecideJoinRequest is the optional body of an approval or refusal: sas,
+// when given, must be the join's short authentication string, the six
+// digits its agent prints.
+type DecideJoinRequest struct {
+	SAS string `json:"sas,omitempty"`
+}
+
+var sasRE = regexp.MustCompile(`^[0-9]{3}[ -]?[0-9]{3}$`)
+
 func (s *Server) decideJoin(approve bool) handlerFunc {
+	action := ActionApproveNodeJoin
+	if !approve {
+		action = ActionRefuseNodeJoin
+	}
 	return func(w http.ResponseWriter, r *http.Request, p Principal) error {
-		j, err := s.core.Cluster().DecideJoin(r.Context(), r.PathValue("id"), p.Name, approve)
+		if !p.may(action, ResourceCluster) {
+			return errForbidden("needs " + action + " on " + ResourceCluster)
+		}
+		var req DecideJoinRequest
+		if r.ContentLength != 0 {
+			if err := decodeStrict(r.Body, &req); err != nil {
+				return err
+			}
+		}
+		if req.SAS != "" && !sasRE.MatchString(req.SAS) {
+			return errInvalid("the request has invalid fields", fieldError{path: "sas", msg: "must be the 6 digits the agent prints"})
+		}
+		if _, err := s.joinFor(r, p); err != nil {
+			return err
+		}
+		j, err := s.core.Cluster().DecideJoin(r.Context(), r.PathValue("id"), p.Name, approve, req.SAS)
+		if errors.Is(err, cluster.ErrSASMismatch) {
+			return &apiError{kind: kindApprovalRefused, msg: "the SAS given is not this join's: the machine you checked did not make join " + j.ID + "; it stays pending",
+				fields: []fieldError{{path: "sas", msg: "does not match the join's short authentication string"}}}
+		}
 		if errors.Is(err, cluster.ErrInvalidState) {
 			return &apiError{kind: kindInvalidState, msg: "the join is " + j.State + ", not pending"}
 		}
@@ -398,6 +476,22 @@ func (s *Server) rotateCA(w http.ResponseWriter, r *http.Request, p Principal) e
 		return errInternal(err)
 	}
 	writeJSON(w, http.StatusOK, s.caView())
+	return nil
+}
+
+// RetireView is what `ca retire` answers: the CA that stays, and how many
+// secrets minted under the retired roots were revoked.
+type RetireView struct {
+	CAView
+	RevokedSecrets int `json:"revokedSecrets"`
+}
+
+func (s *Server) retireCA(w http.ResponseWriter, r *http.Request, p Principal) error {
+	n, err := s.core.RetireCA(r.Context(), p.Name)
+	if err != nil {
+		return errInternal(err)
+	}
+	writeJSON(w, http.StatusOK, RetireView{CAView: s.caView(), RevokedSecrets: n})
 	return nil
 }
 

@@ -94,7 +94,7 @@ func TestJoinCodesList(t *testing.T) {
 	short := mint(map[string]any{"ttlSeconds": 60, "pool": "pool-a"})
 	burned := mint(map[string]any{"pool": "pool-a"})
 	revoked := mint(map[string]any{"pool": "pool-a"})
-	used := mint(map[string]any{"pool": "pool-a", "maxUses": 5})
+	used := mint(map[string]any{"pool": "pool-a", "maxUses": 5, "autoApprove": true})
 	other := mint(map[string]any{"pool": "pool-g"})
 
 	e.mustJoin(used["code"].(string), machine("4c4c4544-0000-0000-0000-0000000cc001", "c1"))
@@ -193,7 +193,7 @@ func TestResetAttempts(t *testing.T) {
 		t.Fatalf("reset: %d %s", r.status, r.body)
 	}
 	evs := e.events(cluster.EventAttemptsReset)
-	if len(evs) != 1 || evs[0].Actor != adminActor || evs[0].Fields["failedAttemptsBefore"] != "4" || evs[0].Fields["id"] != id {
+	if len(evs) != 1 || evs[0].Actor != adminActor || evs[0].Fields["failedAttemptsBefore"] != float64(4) || evs[0].Fields["id"] != id {
 		t.Fatalf("reset events %+v", evs)
 	}
 	e.do(admin, "POST", codesPath+"/"+id+"/revoke", nil)

@@ -1,64 +1,49 @@
 package adminapi
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
-	"strings"
+
+	"github.com/stratumjoin/stratum/internal/strictjson"
 )
 
-// decodeStrict decodes exactly one JSON value from r into v: unknown
-// fields, a second value or trailing garbage, and a body over maxBody are
-// errors. The error names the field at fault where it can.
+// decodeStrict decodes exactly one JSON value from r into v through
+// strictjson: member names match exactly, duplicate and unknown members,
+// a second value or trailing garbage, and a body over maxBody are errors.
+// The error names the member at fault by its path (expect.serial, tags[0]).
 func decodeStrict(r io.Reader, v any) *apiError {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return decodeError(err)
+	b, err := io.ReadAll(r)
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return errInvalid("the body is larger than 1 MiB")
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errInvalid("the body must hold one JSON object and nothing after it")
+	if err != nil {
+		return errInvalid("the body could not be read")
+	}
+	if err := strictjson.Unmarshal(b, v); err != nil {
+		return decodeError(err)
 	}
 	return nil
 }
 
 func decodeError(err error) *apiError {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.Is(err, io.EOF):
-		return errInvalid("a JSON body is required")
-	case errors.As(err, &tooBig):
-		return errInvalid("the body is larger than 1 MiB")
-	case errors.As(err, &typeErr):
-		if typeErr.Field == "" {
-			return errInvalid("the body must be a JSON object")
-		}
-		return errInvalid("the request has invalid fields", fieldError{path: typeErr.Field, msg: "must be " + jsonTypeName(typeErr.Type.Kind().String())})
-	case errors.As(err, &syntaxErr), errors.Is(err, io.ErrUnexpectedEOF):
+	var e *strictjson.Error
+	if !errors.As(err, &e) {
 		return errInvalid("the body is not valid JSON")
 	}
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		name = strings.Trim(name, `"`)
-		return errInvalid("the request has invalid fields", fieldError{path: name, msg: "is not a field of this request"})
+	switch e.Kind {
+	case strictjson.Empty:
+		return errInvalid("a JSON body is required")
+	case strictjson.Syntax:
+		return errInvalid("the body must hold one JSON object and nothing after it")
+	case strictjson.Duplicate:
+		return errInvalid("the request has invalid fields", fieldError{path: e.Path, msg: "is given more than once"})
+	case strictjson.Unknown:
+		return errInvalid("the request has invalid fields", fieldError{path: e.Path, msg: "is not a field of this request (names match exactly)"})
 	}
-	return errInvalid("the body is not valid JSON")
-}
-
-func jsonTypeName(goKind string) string {
-	switch goKind {
-	case "int", "int64", "float64":
-		return "an integer"
-	case "string":
-		return "a string"
-	case "bool":
-		return "a boolean"
-	case "slice":
-		return "an array"
-	case "struct", "map", "ptr":
-		return "an object"
+	if e.Path == "" {
+		return errInvalid("the body must be a JSON object")
 	}
-	return "of another type"
+	return errInvalid("the request has invalid fields", fieldError{path: e.Path, msg: "must be " + e.Want})
 }

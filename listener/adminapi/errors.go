@@ -29,6 +29,8 @@ const (
 	kindLimit       // a count limit is reached
 	kindRateLimited // seed 003: the organization's request rate; failed API keys per source
 	kindMediaType   // a request body that is not application/json
+	// kindApprovalRefused: an approval whose SAS is not the join's
+	kindApprovalRefused
 	kindUnavailable // the store did not answer in time, is full or damaged
 )
 
@@ -99,20 +101,21 @@ type Problem struct {
 
 // Problem codes of the cluster routes (seed 004).
 const (
-	CodeInvalidInput   = "INVALID_INPUT"
-	CodeNotFound       = "NOT_FOUND"
-	CodeForbidden      = "FORBIDDEN"
-	CodeUnauthorized   = "UNAUTHORIZED"
-	CodeLimitExceeded  = "LIMIT_EXCEEDED"
-	CodeInvalidState   = "INVALID_STATE"
-	CodeConflict       = "CONFLICT"
-	CodeInternal       = "INTERNAL"
-	CodeMethod         = "METHOD_NOT_ALLOWED"
-	CodeTooMany        = "TOO_MANY_REQUESTS"
-	CodeUnavailable    = "UNAVAILABLE"
-	CodeMediaType      = "UNSUPPORTED_MEDIA_TYPE"
-	problemTypeBase    = "https://stratum.dev/problems/"
-	problemContentType = "application/problem+json"
+	CodeInvalidInput    = "INVALID_INPUT"
+	CodeNotFound        = "NOT_FOUND"
+	CodeForbidden       = "FORBIDDEN"
+	CodeUnauthorized    = "UNAUTHORIZED"
+	CodeLimitExceeded   = "LIMIT_EXCEEDED"
+	CodeInvalidState    = "INVALID_STATE"
+	CodeConflict        = "CONFLICT"
+	CodeInternal        = "INTERNAL"
+	CodeMethod          = "METHOD_NOT_ALLOWED"
+	CodeTooMany         = "TOO_MANY_REQUESTS"
+	CodeUnavailable     = "UNAVAILABLE"
+	CodeMediaType       = "UNSUPPORTED_MEDIA_TYPE"
+	CodeApprovalRefused = "JOIN_APPROVAL_REFUSED"
+	problemTypeBase     = "https://stratum.dev/problems/"
+	problemContentType  = "application/problem+json"
 )
 
 // TokenError is seed 000's error body: {"error": TokenError}.
@@ -184,6 +187,7 @@ var mappings = map[kind]mapping{
 	kindRateLimited:     {http.StatusTooManyRequests, CodeTooMany, TokenInternal, KeyErrTooMany},
 	kindInternal:        {http.StatusInternalServerError, CodeInternal, TokenInternal, KeyErrInternal},
 	kindMediaType:       {http.StatusUnsupportedMediaType, CodeMediaType, TokenInvalidInput, KeyErrMediaType},
+	kindApprovalRefused: {http.StatusConflict, CodeApprovalRefused, TokenInvalidState, keyErrInvalidValue},
 	kindUnavailable:     {http.StatusServiceUnavailable, CodeUnavailable, TokenUnavailable, KeyErrUnavailable},
 }
 

@@ -33,13 +33,20 @@ type JoinKey struct {
 	ExpiresAt       *time.Time `json:"expiresAt"`
 	CreatedAt       time.Time  `json:"createdAt"`
 	ModifiedAt      time.Time  `json:"modifiedAt"`
-	Token           string     `json:"token,omitempty"`
+	// FailedAttempts counts PAKE exchanges started with the key and not
+	// proven. A key never burns: see docs/secrets.md.
+	FailedAttempts int `json:"failedAttempts"`
+	// RevokedAt and RevokedBy are set when a CA retirement ended the key.
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+	RevokedBy string     `json:"revokedBy,omitempty"`
+	Token     string     `json:"token,omitempty"`
 }
 
 func toKey(s *cluster.Secret) JoinKey {
 	k := JoinKey{
 		ID: s.ID, OrganizationID: s.Key.OrgID, Name: s.Key.Name, NetworkID: s.Key.NetworkID,
 		Tags: s.Key.Tags, AutoAssignCIDRs: s.Key.CIDRs, ExpiresAt: s.ExpiresAt, CreatedAt: s.CreatedAt, ModifiedAt: s.ModifiedAt,
+		FailedAttempts: s.Unproven, RevokedAt: s.RevokedAt, RevokedBy: s.RevokedBy,
 	}
 	if s.Key.RoleID != "" {
 		role := s.Key.RoleID
@@ -194,7 +201,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p Principal) 
 	}
 	spec := cluster.SecretSpec{
 		Secret: sec, EventType: cluster.EventKeyCreated,
-		EventFields: map[string]string{"id": id, "organizationID": org.ID, "name": req.Name, "networkID": c.network.ID},
+		EventFields: map[string]any{"id": id, "organizationID": org.ID, "name": req.Name, "networkID": c.network.ID},
 		PerOrgLimit: org.Limits.JoinKeys,
 	}
 	stored, token, err := s.core.Mint(r.Context(), spec)

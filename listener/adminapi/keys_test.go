@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -185,7 +186,11 @@ func TestJoinKeyLimitAndRate(t *testing.T) {
 			t.Fatalf("request %d: %d %s", i, r.status, r.body)
 		}
 	}
-	entries = checkKeyError(t, e.do(bearer(slow), "GET", keysPath, nil), want{429, "ERR_TOO_MANY_REQUESTS", ""})
+	throttled := e.do(bearer(slow), "GET", keysPath, nil)
+	entries = checkKeyError(t, throttled, want{429, "ERR_TOO_MANY_REQUESTS", ""})
+	if ra, err := strconv.Atoi(throttled.header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("Retry-After %q, want whole seconds >= 1", throttled.header.Get("Retry-After"))
+	}
 	if entries[0]["message"] != "too many requests" {
 		t.Errorf("message %v", entries[0]["message"])
 	}

@@ -104,7 +104,7 @@ func TestOpenAPIRefsAndCodes(t *testing.T) {
 		},
 		"#/components/schemas/Problem/properties/code": {
 			adminapi.CodeInvalidInput, adminapi.CodeNotFound, adminapi.CodeForbidden, adminapi.CodeUnauthorized, adminapi.CodeLimitExceeded,
-			adminapi.CodeInvalidState, adminapi.CodeConflict, adminapi.CodeInternal, adminapi.CodeMethod, adminapi.CodeTooMany, adminapi.CodeUnavailable,
+			adminapi.CodeInvalidState, adminapi.CodeConflict, adminapi.CodeInternal, adminapi.CodeMethod, adminapi.CodeTooMany, adminapi.CodeUnavailable, adminapi.CodeApprovalRefused,
 		},
 		"#/components/schemas/Grant/properties/action":               adminapi.Actions(),
 		"#/components/schemas/APIKeyRequest/properties/scopes/items": adminapi.Scopes(),

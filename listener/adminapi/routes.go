@@ -53,6 +53,10 @@ const (
 	ActionDescribeJoinCodes = "ha:DescribeJoinCodes"
 	ActionCreateJoinCode    = "ha:CreateJoinCode"
 	ActionRevokeJoinCode    = "ha:RevokeJoinCode"
+	// The approval of joins made with join codes, in the same family.
+	ActionDescribeNodeJoins = "ha:DescribeNodeJoins"
+	ActionApproveNodeJoin   = "ha:ApproveNodeJoin"
+	ActionRefuseNodeJoin    = "ha:RefuseNodeJoin"
 	// ResourceCluster is the resource the join-codes actions are decided on.
 	ResourceCluster = "cluster"
 )
@@ -74,7 +78,7 @@ const (
 
 // Actions lists every action an API key may be granted.
 func Actions() []string {
-	return []string{ActionCreateJoinToken, ActionReadJoinTokens, ActionRevokeJoinToken, ActionDescribeJoinCodes, ActionCreateJoinCode, ActionRevokeJoinCode}
+	return []string{ActionCreateJoinToken, ActionReadJoinTokens, ActionRevokeJoinToken, ActionDescribeJoinCodes, ActionCreateJoinCode, ActionRevokeJoinCode, ActionDescribeNodeJoins, ActionApproveNodeJoin, ActionRefuseNodeJoin}
 }
 
 // Scopes lists every scope an API key may hold.
@@ -106,11 +110,14 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes", adminOnly: true, h: s.listNodes},
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes/{id}", adminOnly: true, h: s.getNode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/nodes/{id}/revoke", adminOnly: true, h: s.revokeNode},
-		{method: http.MethodGet, path: "/v1/admin/cluster/joins", adminOnly: true, h: s.listJoins},
-		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/approve", adminOnly: true, h: s.decideJoin(true)},
-		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/refuse", adminOnly: true, h: s.decideJoin(false)},
+		// the approval of joins, in seed 004's style, for API keys too
+		{method: http.MethodGet, path: "/v1/admin/cluster/joins", h: s.listJoins},
+		{method: http.MethodGet, path: "/v1/admin/cluster/joins/{id}", h: s.getJoin},
+		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/approve", h: s.decideJoin(true)},
+		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/refuse", h: s.decideJoin(false)},
 		{method: http.MethodGet, path: "/v1/admin/cluster/ca", adminOnly: true, h: s.getCA},
 		{method: http.MethodPost, path: "/v1/admin/cluster/ca/rotate", adminOnly: true, h: s.rotateCA},
+		{method: http.MethodPost, path: "/v1/admin/cluster/ca/retire", adminOnly: true, h: s.retireCA},
 		{method: http.MethodGet, path: "/v1/admin/cluster/events", adminOnly: true, h: s.listEvents},
 		{method: http.MethodGet, path: "/v1/admin/cluster/store/backup", adminOnly: true, h: s.backupStore},
 		{method: http.MethodGet, path: "/v1/admin/registry", adminOnly: true, h: s.showRegistry},
@@ -174,8 +181,8 @@ func (s *Server) gate(rt route, p Principal) error {
 		if err != nil {
 			return err
 		}
-		if !s.allowRequest(org) {
-			return &apiError{kind: kindRateLimited, msg: "too many requests", retryAfter: time.Second}
+		if ok, wait := s.allowRequest(org); !ok {
+			return &apiError{kind: kindRateLimited, msg: "too many requests", retryAfter: wait}
 		}
 		if !p.hasScope(rt.scope) {
 			return &apiError{kind: kindForbidden, msg: "api key must support the following scopes: " + rt.scope}

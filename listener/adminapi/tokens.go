@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
@@ -35,7 +34,11 @@ type JoinToken struct {
 	CreatedAt     time.Time       `json:"createdAt"`
 	ExpiresAt     time.Time       `json:"expiresAt"`
 	RevokedAt     *time.Time      `json:"revokedAt,omitempty"`
-	Token         string          `json:"token,omitempty"`
+	RevokedBy     string          `json:"revokedBy,omitempty"`
+	// FailedAttempts counts PAKE exchanges started with the token and
+	// not proven. A token never burns: see docs/secrets.md.
+	FailedAttempts int    `json:"failedAttempts"`
+	Token          string `json:"token,omitempty"`
 }
 
 func toToken(s *cluster.Secret, now time.Time) JoinToken {
@@ -43,6 +46,7 @@ func toToken(s *cluster.Secret, now time.Time) JoinToken {
 		ID: s.ID, TenantID: s.Tenant, PoolID: s.Pool, Role: s.Role, Trust: s.Trust, State: s.State(now),
 		MaxUses: s.MaxUses, Uses: s.Uses, Expect: s.Expect, AllowReclaim: s.AllowReclaim, Hosted: s.Hosted,
 		Endpoint: s.Endpoint, CAFingerprint: s.CAFingerprint, CreatedBy: s.CreatedBy, CreatedAt: s.CreatedAt, RevokedAt: s.RevokedAt,
+		RevokedBy: s.RevokedBy, FailedAttempts: s.Unproven,
 	}
 	if s.ExpiresAt != nil {
 		t.ExpiresAt = *s.ExpiresAt
@@ -217,9 +221,9 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request, p Principal
 		Hosted: hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, MaxUses: *req.MaxUses,
 		CreatedBy: p.Name, ExpiresAt: &exp,
 	}
-	fields := map[string]string{
-		"id": id, "tenantId": req.TenantID, "poolId": req.PoolID, "pinned": strconv.FormatBool(!req.Expect.Empty()),
-		"maxUses": strconv.Itoa(*req.MaxUses), "role": role, "trust": trust,
+	fields := map[string]any{
+		"id": id, "tenantId": req.TenantID, "poolId": req.PoolID, "pinned": !req.Expect.Empty(),
+		"maxUses": *req.MaxUses, "role": role, "trust": trust,
 	}
 	if hosted != "" {
 		fields["hosted"] = hosted
@@ -333,7 +337,7 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request, p Principal
 	if err != nil {
 		return errInternal(err)
 	}
-	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventTokenRevoked, map[string]string{"tenantId": sec.Tenant, "poolId": sec.Pool})
+	sec, _, err = s.core.Cluster().RevokeSecret(r.Context(), sec.ID, p.Name, cluster.EventTokenRevoked, map[string]any{"tenantId": sec.Tenant, "poolId": sec.Pool})
 	if err != nil {
 		return errInternal(err)
 	}

@@ -111,7 +111,7 @@ func TestJoinTokensSeed000(t *testing.T) {
 		{name: "expect.gpuUuid too long", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"gpuUuid": "GPU-" + strings.Repeat("a", 65)}), want: want{400, "INVALID_INPUT", "expect.gpuUuid"}},
 		{name: "expect.ekHash short", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"ekHash": "abc123"}), want: want{400, "INVALID_INPUT", "expect.ekHash"}},
 		{name: "expect.ekHash alone", caller: bearer(all), path: createPath, body: createBody("idempotencyKey", "pinned-ek", "expect", map[string]any{"ekHash": strings.Repeat("0a", 32)}), want: want{status: 200}},
-		{name: "expect unknown identifier", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"hostname": "x"}), want: want{400, "INVALID_INPUT", "hostname"}},
+		{name: "expect unknown identifier", caller: bearer(all), path: createPath, body: createBody("expect", map[string]any{"hostname": "x"}), want: want{400, "INVALID_INPUT", "expect.hostname"}},
 		{name: "expect all four", caller: bearer(all), path: createPath, body: createBody("idempotencyKey", "pinned-4", "expect", map[string]any{"productUuid": "4c4c4544-0042-3510-8052-b2c04f4e4d32", "serial": "7XJ2KQ3", "mac": "B8:CE:F6:01:02:03", "gpuUuid": "GPU-1f2e3d4c-0000-1111-2222-333344445555"}), want: want{status: 200}},
 		{name: "allowReclaim not a boolean", caller: bearer(all), path: createPath, body: createBody("allowReclaim", "yes"), want: want{400, "INVALID_INPUT", "allowReclaim"}},
 		{name: "hosted not kubernetes", caller: bearer(all), path: createPath, body: createBody("hosted", "docker"), want: want{400, "INVALID_INPUT", "hosted"}},
@@ -284,7 +284,7 @@ func TestJoinTokenLifecycle(t *testing.T) {
 		t.Errorf("%d revoked events for the token, want 1", n)
 	}
 	for _, ev := range created {
-		if ev.Fields["id"] == tok.ID && (ev.Fields["pinned"] != "false" || ev.Fields["poolId"] != "pool-a" || ev.Actor == "") {
+		if ev.Fields["id"] == tok.ID && (ev.Fields["pinned"] != false || ev.Fields["poolId"] != "pool-a" || ev.Actor == "") {
 			t.Errorf("created event %+v", ev)
 		}
 		if _, ok := ev.Fields["hosted"]; ok {
@@ -342,7 +342,7 @@ func TestJoinTokenIdempotency(t *testing.T) {
 		id = k
 	}
 	created := e.events(cluster.EventTokenCreated)
-	if len(created) != 1 || created[0].Fields["id"] != id || created[0].Fields["pinned"] != "true" || created[0].Fields["hosted"] != "kubernetes" {
+	if len(created) != 1 || created[0].Fields["id"] != id || created[0].Fields["pinned"] != true || created[0].Fields["maxUses"] != 2.0 || created[0].Fields["hosted"] != "kubernetes" {
 		t.Fatalf("created events %+v, want one with pinned=true hosted=kubernetes", created)
 	}
 

@@ -249,14 +249,27 @@ func (c *Client) Joins(ctx context.Context) ([]cluster.Join, error) {
 	return out.Items, err
 }
 
-// DecideJoin approves or refuses a pending join.
-func (c *Client) DecideJoin(ctx context.Context, id string, approve bool) (cluster.Join, error) {
+// Join shows one join, with its SAS while it is pending.
+func (c *Client) Join(ctx context.Context, id string) (cluster.Join, error) {
+	var out cluster.Join
+	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/joins/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
+// DecideJoin approves or refuses a pending join. sas, when not empty, must
+// be the join's short authentication string, or the approval is refused
+// (JOIN_APPROVAL_REFUSED) and the join stays pending.
+func (c *Client) DecideJoin(ctx context.Context, id string, approve bool, sas string) (cluster.Join, error) {
 	verb := "refuse"
 	if approve {
 		verb = "approve"
 	}
+	var body any
+	if sas != "" {
+		body = adminapi.DecideJoinRequest{SAS: sas}
+	}
 	var out cluster.Join
-	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/joins/"+url.PathEscape(id)+"/"+verb, nil, &out)
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/joins/"+url.PathEscape(id)+"/"+verb, body, &out)
 	return out, err
 }
 
@@ -271,6 +284,14 @@ func (c *Client) CA(ctx context.Context) (adminapi.CAView, error) {
 func (c *Client) RotateCA(ctx context.Context) (adminapi.CAView, error) {
 	var out adminapi.CAView
 	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/ca/rotate", nil, &out)
+	return out, err
+}
+
+// RetireCA ends every root but the current one and revokes what was
+// minted under them.
+func (c *Client) RetireCA(ctx context.Context) (adminapi.RetireView, error) {
+	var out adminapi.RetireView
+	err := c.Do(ctx, http.MethodPost, "/v1/admin/cluster/ca/retire", nil, &out)
 	return out, err
 }
 

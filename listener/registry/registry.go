@@ -30,10 +30,8 @@ package registry
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"regexp"
@@ -42,6 +40,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/strictjson"
 )
 
 // PlatformOwner is the owner of a site the platform runs.
@@ -181,14 +180,9 @@ func Parse(doc []byte) (*Registry, error) {
 			return nil, fmt.Errorf("parse: %w", err)
 		}
 	}
-	dec := json.NewDecoder(bytes.NewReader(j))
-	dec.DisallowUnknownFields()
 	var r Registry
-	if err := dec.Decode(&r); err != nil {
+	if err := strictjson.Unmarshal(j, &r); err != nil {
 		return nil, fmt.Errorf("parse: %w", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("parse: more than one document")
 	}
 	if r.OpenPools {
 		return nil, errors.New("openPools belongs to the default registry only: declare every pool")

@@ -64,14 +64,14 @@ func TestParseRejects(t *testing.T) {
 	cases := []struct {
 		name, doc, want string
 	}{
-		{"unknown top-level field", base("zones: []"), "unknown field"},
-		{"unknown nested field", "tenants: [{id: acme, quota: 3}]", "unknown field"},
-		{"unknown policy field", "tenants: [{id: acme}]\nsites: [{id: s1, owner: platform}]\npools: [{id: p1, tenant: acme, site: s1, agent: bcd, policy: {kubernetes: {platformOwned: true}}}]", "unknown field"},
+		{"unknown top-level field", base("zones: []"), "member zones is not known"},
+		{"unknown nested field", "tenants: [{id: acme, quota: 3}]", "member tenants[0].quota is not known"},
+		{"unknown policy field", "tenants: [{id: acme}]\nsites: [{id: s1, owner: platform}]\npools: [{id: p1, tenant: acme, site: s1, agent: bcd, policy: {kubernetes: {platformOwned: true}}}]", "member pools[0].policy.kubernetes.platformOwned is not known"},
 		{"duplicate yaml key", "tenants: []\ntenants: []", "already set"},
 		{"two documents", `{"tenants":[]} {"tenants":[]}`, "parse"},
 		{"not yaml", "tenants: [", "parse"},
 		{"two yaml documents", "tenants: [{id: a}]\n---\ntenants: [{id: b}]\n", "more than one"},
-		{"yaml boolean as an id", "tenants: [{id: no}]", "cannot unmarshal"},
+		{"yaml boolean as an id", "tenants: [{id: no}]", "tenants[0].id must be a string"},
 		{"duplicate tenant", "tenants: [{id: a}, {id: a}]", "defined twice"},
 		{"tenant named platform", "tenants: [{id: platform}]", "reserved"},
 		{"bad tenant id", "tenants: [{id: 'a b'}]", "must match"},

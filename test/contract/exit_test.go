@@ -108,7 +108,7 @@ func (s *server) admin(t *testing.T, args ...string) proc {
 // mint returns a fresh code and its id.
 func (s *server) mint(t *testing.T) (code, id string) {
 	t.Helper()
-	p := s.admin(t, "codes", "create", "--json")
+	p := s.admin(t, "codes", "create", "--json", "--auto-approve", "--max-uses", "1")
 	if p.exit != 0 {
 		t.Fatalf("codes create: %d %s", p.exit, p.stderr)
 	}

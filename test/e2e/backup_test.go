@@ -63,7 +63,7 @@ func TestBackupDuringJoinStorm(t *testing.T) {
 	// the storm comes from one address: lift its budget
 	l := newListenerServe(t, []string{"--unproven-per-source=-1"})
 	var code mintedCode
-	l.adminJSON(&code, "codes", "create", "--max-uses", "0")
+	l.adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "0")
 	dir := t.TempDir()
 	var wg sync.WaitGroup
 	errs := make(chan string, 20)

@@ -19,7 +19,7 @@ func TestCanaryNeverLeaks(t *testing.T) {
 	var canaries []string
 	mintCode := func(args ...string) mintedCode {
 		var c mintedCode
-		l.adminJSON(&c, append([]string{"codes", "create"}, args...)...)
+		l.adminJSON(&c, append([]string{"codes", "create", "--auto-approve", "--max-uses", "1"}, args...)...)
 		sec, err := joincode.Parse(c.Code)
 		if err != nil {
 			t.Fatal(err)

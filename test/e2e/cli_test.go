@@ -163,7 +163,7 @@ func TestEventsFollow(t *testing.T) {
 	}()
 	for i := range 2 {
 		var c mintedCode
-		l.adminJSON(&c, "codes", "create", "--pool", fmt.Sprint("follow-", i))
+		l.adminJSON(&c, "codes", "create", "--auto-approve", "--max-uses", "1", "--pool", fmt.Sprint("follow-", i))
 		select {
 		case line := <-lines:
 			if !strings.Contains(line, `"security.join-code.created"`) || !strings.Contains(line, c.ID) {

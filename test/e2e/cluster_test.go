@@ -204,12 +204,12 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 
 	// A code minted on listener 1 joins through each of the others.
 	var code mintedCode
-	ls[0].adminJSON(&code, "codes", "create", "--max-uses", "2")
+	ls[0].adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "2")
 	var minted struct {
 		Endpoints    []string `json:"endpoints"`
 		AgentCommand string   `json:"agentCommand"`
 	}
-	mintOut, err := ls[0].admin("codes", "create", "--json")
+	mintOut, err := ls[0].admin("codes", "create", "--json", "--auto-approve", "--max-uses", "1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 		}
 	}
 	t.Logf("figure: rotation on listener 2 served by listeners 1 and 3 after %v", time.Since(start).Round(time.Millisecond))
-	ls[0].adminJSON(&code, "codes", "create")
+	ls[0].adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "1")
 	fresh, _ := joinVia(t, code.Code, eps[2])
 	if n, _ := readNode(t, fresh); n.CAFingerprint != rotated.Fingerprint {
 		t.Fatalf("a code minted after the rotation, joined through 3, pins %s", n.CAFingerprint)
@@ -287,7 +287,7 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 	// Listener 1 down: an agent given all three endpoints joins through
 	// the second, and the code counts no failed attempt.
 	ls[0].stop()
-	ls[1].adminJSON(&code, "codes", "create")
+	ls[1].adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "1")
 	_, took := joinVia(t, code.Code, eps...)
 	ls[1].adminJSON(&after, "codes", "show", code.ID)
 	if after.Uses != 1 || after.FailedAttempts != 0 {
@@ -295,7 +295,7 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 	}
 	t.Logf("figure: join with the first of three endpoints down took %v", took.Round(time.Millisecond))
 	// The same with the endpoints as the unit's environment file gives them.
-	ls[2].adminJSON(&code, "codes", "create")
+	ls[2].adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "1")
 	state, _ := joinWith(t, code.Code, []string{"STRATUM_ENDPOINT=" + eps[0] + ", " + eps[1] + " " + eps[2]})
 	if n, _ := readNode(t, state); n.Endpoint != eps[1] {
 		t.Fatalf("STRATUM_ENDPOINT list: joined through %s, want %s", n.Endpoint, eps[1])

@@ -137,7 +137,7 @@ func TestKill9EveryEtcdListenerWithHonestAttemptsInFlight(t *testing.T) {
 func honestCrash(t *testing.T, ls []*listenerProc) {
 	l := ls[0]
 	var code mintedCode
-	l.adminJSON(&code, "codes", "create", "--max-uses", "50")
+	l.adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "50")
 	dir := t.TempDir()
 	state := func(i int) string { return filepath.Join(dir, "holder", string(rune('a'+i))) }
 	endpoint := func(i int) string { return ls[i%len(ls)].endpoint }
@@ -201,7 +201,7 @@ func TestKill9GuessersStayCounted(t *testing.T) {
 	// the guessers all come from one address: lift its budget
 	l := newListenerServe(t, []string{"--unproven-per-source=-1"})
 	var code mintedCode
-	l.adminJSON(&code, "codes", "create", "--max-uses", "0")
+	l.adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "0")
 	sec, err := joincode.Parse(code.Code)
 	if err != nil {
 		t.Fatal(err)
@@ -247,7 +247,7 @@ func TestDamagedStateFileRefused(t *testing.T) {
 	l := newListener(t)
 	var code mintedCode
 	for range 20 { // enough records for data pages
-		l.adminJSON(&code, "codes", "create")
+		l.adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "1")
 	}
 	l.stop()
 	db := filepath.Join(l.data, "state.db")

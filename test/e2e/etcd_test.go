@@ -40,7 +40,7 @@ func TestEtcdPartitionAndQuorumLoss(t *testing.T) {
 	t.Cleanup(l.stop)
 
 	var code mintedCode
-	l.adminJSON(&code, "codes", "create", "--max-uses", "0")
+	l.adminJSON(&code, "codes", "create", "--auto-approve", "--max-uses", "0")
 	dir := t.TempDir()
 	ctx := context.Background()
 	join := func(i int) agentResult {

@@ -21,8 +21,8 @@ func TestKillDuringStorm(t *testing.T) {
 	// the storm's wrong codes all come from one address: lift its budget
 	l := newListenerServe(t, []string{"--unproven-per-source=-1"})
 	var stormed, raced mintedCode
-	l.adminJSON(&stormed, "codes", "create", "--max-uses", "5")
-	l.adminJSON(&raced, "codes", "create", "--max-uses", "2")
+	l.adminJSON(&stormed, "codes", "create", "--auto-approve", "--max-uses", "5")
+	l.adminJSON(&raced, "codes", "create", "--auto-approve", "--max-uses", "2")
 	stormSec, _ := joincode.Parse(stormed.Code)
 	raceSec, _ := joincode.Parse(raced.Code)
 	dir := t.TempDir()
@@ -102,7 +102,7 @@ func TestKillDuringStorm(t *testing.T) {
 	}
 	// the listener still works after the crash
 	var fresh mintedCode
-	l.adminJSON(&fresh, "codes", "create", "--pool", "after-crash")
+	l.adminJSON(&fresh, "codes", "create", "--auto-approve", "--max-uses", "1", "--pool", "after-crash")
 	if r := agentJoin(context.Background(), l.endpoint, fresh.Code, filepath.Join(dir, "fresh")); r.exit != 0 {
 		t.Fatalf("join after restart: %+v", r)
 	}

@@ -16,7 +16,7 @@ import (
 func TestJoinOverBudgetExitsThree(t *testing.T) {
 	l := newListenerServe(t, []string{"--unproven-per-source=1", "--budget-wait=10ms"})
 	var c mintedCode
-	l.adminJSON(&c, "codes", "create")
+	l.adminJSON(&c, "codes", "create", "--auto-approve", "--max-uses", "1")
 	sec, err := joincode.Parse(c.Code)
 	if err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ func TestTPMCLI(t *testing.T) {
 	}
 
 	var pinned mintedCode
-	l.adminJSON(&pinned, "codes", "create", "--expect-ek", hashB)
+	l.adminJSON(&pinned, "codes", "create", "--auto-approve", "--max-uses", "1", "--expect-ek", hashB)
 	state := filepath.Join(t.TempDir(), "a")
 	r := agentJoin(ctx, l.endpoint, pinned.Code, state, "--tpm-sim", a.Addr())
 	if r.exit != 1 || !strings.Contains(r.stderr, "TPM is not the one the join code is pinned to") {
@@ -54,7 +54,7 @@ func TestTPMCLI(t *testing.T) {
 	}
 
 	var open mintedCode
-	l.adminJSON(&open, "codes", "create", "--max-uses", "2")
+	l.adminJSON(&open, "codes", "create", "--auto-approve", "--max-uses", "2")
 	r = agentJoin(ctx, l.endpoint, open.Code, state, "--tpm-sim", a.Addr(), "--json")
 	if r.exit != 0 {
 		t.Fatalf("join through TPM A: exit %d\n%s", r.exit, r.stderr)

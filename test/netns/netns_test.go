@@ -89,7 +89,7 @@ func TestJoinPinnedToMAC(t *testing.T) {
 	}
 
 	var c code
-	l.adminJSON(&c, "codes", "create", "--expect-mac", "02:AA:BB:CC:DD:01")
+	l.adminJSON(&c, "codes", "create", "--auto-approve", "--max-uses", "1", "--expect-mac", "02:AA:BB:CC:DD:01")
 	if c.Code == "" || !strings.Contains(string(c.Expect), "02:AA:BB:CC:DD:01") {
 		t.Fatalf("minted %+v", c)
 	}
@@ -125,8 +125,8 @@ func TestJoinPinnedToMAC(t *testing.T) {
 	refusal := false
 	for line := range strings.Lines(ev.stdout) {
 		var e struct {
-			Type   string            `json:"type"`
-			Fields map[string]string `json:"fields"`
+			Type   string         `json:"type"`
+			Fields map[string]any `json:"fields"`
 		}
 		if err := json.Unmarshal([]byte(line), &e); err != nil {
 			t.Fatalf("events --json line %q: %v", line, err)
@@ -162,7 +162,7 @@ func TestJoinPinnedWithRoot(t *testing.T) {
 	// product UUID as the operator copies it from sysfs (lower case);
 	// the agent reports it upper case
 	var byUUID code
-	l.adminJSON(&byUUID, "codes", "create", "--expect-product-uuid", "4c4c4544-0037-5810-804a-b2c04f4b5133")
+	l.adminJSON(&byUUID, "codes", "create", "--auto-approve", "--max-uses", "1", "--expect-product-uuid", "4c4c4544-0037-5810-804a-b2c04f4b5133")
 	refusedFor(t, n.join(t, byUUID, "--root", dgx), "productUuid")
 	unspent(t, l, byUUID.ID)
 	id := joinedNode(t, n.join(t, byUUID, "--root", dell))
@@ -175,13 +175,13 @@ func TestJoinPinnedWithRoot(t *testing.T) {
 	// a GPU pin on a machine without that GPU (the agent loads NVML at
 	// run time; without the library it has no GPUs at all)
 	var byGPU code
-	l.adminJSON(&byGPU, "codes", "create", "--expect-gpu-uuid", "GPU-8c8e2d4a-5b7f-1e3c-9d0a-6f1b2c3d4e5f")
+	l.adminJSON(&byGPU, "codes", "create", "--auto-approve", "--max-uses", "1", "--expect-gpu-uuid", "GPU-8c8e2d4a-5b7f-1e3c-9d0a-6f1b2c3d4e5f")
 	refusedFor(t, n.join(t, byGPU, "--root", dell), "gpuUuid")
 	unspent(t, l, byGPU.ID)
 
 	// the same machine again, by serial: it is already a node
 	var bySerial code
-	l.adminJSON(&bySerial, "codes", "create", "--expect-serial", "7XJ2KQ3")
+	l.adminJSON(&bySerial, "codes", "create", "--auto-approve", "--max-uses", "1", "--expect-serial", "7XJ2KQ3")
 	refusedFor(t, n.join(t, bySerial, "--root", dgx), "serial")
 	r := n.join(t, bySerial, "--root", dell)
 	if r.exit != 1 || !strings.Contains(r.stderr, "already joined ("+id+")") {
@@ -191,7 +191,7 @@ func TestJoinPinnedWithRoot(t *testing.T) {
 
 	// unless the code allows reclaim: the node id is kept
 	var reclaim code
-	l.adminJSON(&reclaim, "codes", "create", "--expect-serial", "7XJ2KQ3", "--allow-reclaim")
+	l.adminJSON(&reclaim, "codes", "create", "--auto-approve", "--max-uses", "1", "--expect-serial", "7XJ2KQ3", "--allow-reclaim")
 	if !reclaim.AllowReclaim {
 		t.Fatalf("--allow-reclaim minted %+v", reclaim)
 	}
@@ -211,7 +211,7 @@ func TestMintRefusesBadPins(t *testing.T) {
 		{"--expect-serial", "To Be Filled By O.E.M.", "expect.serial"},
 		{"--expect-gpu-uuid", "GPU-00000000-0000-0000-0000-000000000000", "expect.gpuUuid"},
 	} {
-		r := l.admin("codes", "create", tc.flag, tc.value)
+		r := l.admin("codes", "create", "--auto-approve", tc.flag, tc.value)
 		if r.exit != 2 || !strings.Contains(r.stderr, tc.flag+":") || strings.Contains(r.stderr, tc.field) {
 			t.Errorf("codes create %s %q: want exit 2 naming %s, not %s; got %s", tc.flag, tc.value, tc.flag, tc.field, r)
 		}

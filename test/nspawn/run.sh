@@ -116,7 +116,7 @@ wait_for 30 "the listener activated by a datagram" is stratum-listener.service A
 prop stratum-listener.service StatusText | grep -q "serving joins" || fail "listener STATUS: $(prop stratum-listener.service StatusText)"
 
 step "agent: joins with the code as a credential, READY only with an identity"
-code=$(ns stratum-listener codes create --ttl 10m --json | jget code)
+code=$(ns stratum-listener codes create --ttl 10m --auto-approve --max-uses 1 --json | jget code)
 [ -n "$code" ] || fail "no code minted"
 fp=$(ns stratum-listener ca show --json | jget caFingerprint)
 [ -n "$fp" ] || fail "no CA fingerprint"
@@ -145,7 +145,7 @@ grep -q "status=6/ABRT" <<<"$journal" || fail "the watchdog kill did not end by 
 step "a refused code stops the unit for good"
 ns systemctl stop stratum-agent.service
 ns sh -c 'rm -rf /var/lib/private/stratum-agent/* /var/lib/stratum-agent/*'
-minted=$(ns stratum-listener codes create --ttl 10m --json)
+minted=$(ns stratum-listener codes create --ttl 10m --auto-approve --max-uses 1 --json)
 wrong=$(jget code <<<"$minted")
 # a revoked code is refused for good (exit 1), as a wrong one is
 ns stratum-listener codes revoke "$(jget id <<<"$minted")" >/dev/null

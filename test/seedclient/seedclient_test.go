@@ -381,7 +381,7 @@ func TestSeedClient(t *testing.T) {
 	})
 
 	t.Run("seed 004 join codes", func(t *testing.T) {
-		status, minted := c.call(t, key.Key, "POST", "/v1/admin/cluster/join-codes", `{"pool":"pool-a","maxUses":5,"ttlSeconds":600}`)
+		status, minted := c.call(t, key.Key, "POST", "/v1/admin/cluster/join-codes", `{"pool":"pool-a","maxUses":5,"ttlSeconds":600,"autoApprove":true}`)
 		id, _ := minted["id"].(string)
 		joinCode, _ := minted["code"].(string)
 		if status != 201 || id == "" || len(joinCode) != 13 {

@@ -51,7 +51,7 @@ func agentRun(t *testing.T, n *notifySocket, state, creds string, watchdog time.
 // renewal is refused, it says so, sends STOPPING=1 and exits 1.
 func TestAgentServiceLifecycle(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{Init: listener.InitConfig{NodeLifetime: 6 * time.Second}})
-	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{RequireApproval: true})
+	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,8 @@ func TestAgentServiceLifecycle(t *testing.T) {
 	p := agentRun(t, n, state, creds, time.Second, "--endpoint", l.Endpoint)
 
 	i, m := n.wait(t, 0, 30*time.Second, "waiting for approval", statusPrefix("waiting for approval of join "))
-	joinID := strings.TrimPrefix(m.status(), "waiting for approval of join ")
+	// STATUS= names the join and its SAS, the digits `joins list` shows
+	joinID, sas, _ := strings.Cut(strings.TrimPrefix(m.status(), "waiting for approval of join "), "; SAS ")
 	if got := n.statuses(0); got[0] != "joining "+l.Endpoint {
 		t.Fatalf("first status %q", got[0])
 	}
@@ -76,10 +77,10 @@ func TestAgentServiceLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(js.Items) != 1 || js.Items[0].ID != joinID || !js.Items[0].IsPending() || js.Items[0].KeyFP == "" ||
-		!strings.EqualFold(js.Items[0].Facts.ProductUUID, "4c4c4544-0037-5810-804a-b2c04f4b5133") {
+		!strings.EqualFold(js.Items[0].Facts.ProductUUID, "4c4c4544-0037-5810-804a-b2c04f4b5133") || len(sas) != 6 || js.Items[0].SAS != sas {
 		t.Fatalf("joins list: %+v", js.Items)
 	}
-	admin(t, l, "joins", "approve", joinID)
+	admin(t, l, "joins", "approve", joinID, "--sas", sas)
 
 	r, ready := n.wait(t, i, 30*time.Second, "READY=1", field("READY=1"))
 	if !ready.seen {
@@ -191,7 +192,7 @@ func admin(t *testing.T, l *listenertest.Listener, args ...string) string {
 // STOPPING=1 and exit status 0. Reports its memory and the binary's size.
 func TestAgentIdleFootprint(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
+	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{AutoApprove: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +242,7 @@ func TestAgentIdleFootprint(t *testing.T) {
 // keeps from restarting.
 func TestAgentRunRefusedExits1(t *testing.T) {
 	l := listenertest.Start(t, listenertest.Options{})
-	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{})
+	code, err := l.Admin.MintCode(context.Background(), adminapi.MintCodeRequest{AutoApprove: true})
 	if err != nil {
 		t.Fatal(err)
 	}
