@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -81,6 +82,7 @@ func initCommand() *cobra.Command {
 	var cfg listener.InitConfig
 	var caCert, caKey, storeFlag string
 	var light bool
+	var codeKSF string
 	var etcd etcdFlags
 	cmd := &cobra.Command{
 		Use:   "init --data DIR [--store URL [--join --kek FILE]]",
@@ -95,8 +97,8 @@ func initCommand() *cobra.Command {
 					return usageError{fmt.Errorf("--endpoint: %w", err)}
 				}
 			}
-			if cfg.Join && (caCert != "" || light || cmd.Flags().Changed("node-lifetime")) {
-				return usageError{fmt.Errorf("--join takes the cluster's CA and settings: --ca-cert, --light-ksf and --node-lifetime do not apply")}
+			if cfg.Join && (caCert != "" || light || codeKSF != "" || cmd.Flags().Changed("node-lifetime")) {
+				return usageError{fmt.Errorf("--join takes the cluster's CA and settings: --ca-cert, --light-ksf, --code-ksf and --node-lifetime do not apply")}
 			}
 			if cfg.Join && !cmd.Flags().Changed("trust-domain") {
 				cfg.TrustDomain = ""
@@ -119,8 +121,18 @@ func initCommand() *cobra.Command {
 					return err
 				}
 			}
+			if light && codeKSF != "" {
+				return usageError{fmt.Errorf("--light-ksf and --code-ksf go alone")}
+			}
 			if light {
 				cfg.KSF = pake.LightestKSF
+			}
+			if codeKSF != "" {
+				p, err := parseKSF(codeKSF)
+				if err != nil {
+					return usageError{fmt.Errorf("--code-ksf: %w", err)}
+				}
+				cfg.KSF = p
 			}
 			ca, err := listener.Init(cmd.Context(), cfg)
 			var exists *listener.ClusterExistsError
@@ -148,7 +160,8 @@ func initCommand() *cobra.Command {
 	cmd.Flags().StringSliceVar(&cfg.Endpoints, "endpoint", nil, "host[:port] agents dial, port 9444 unless given (repeatable; default 127.0.0.1:9444)")
 	cmd.Flags().StringVar(&caCert, "ca-cert", "", "import this CA certificate chain (PEM, CA first, root last) instead of creating a root")
 	cmd.Flags().StringVar(&caKey, "ca-key", "", "the imported CA's private key (PEM)")
-	cmd.Flags().BoolVar(&light, "light-ksf", false, "use the lightest Argon2id parameters accepted (t=1, 8 MiB) instead of t=3, 64 MiB")
+	cmd.Flags().BoolVar(&light, "light-ksf", false, "stretch join codes with the lightest Argon2id parameters accepted (t=1, 8 MiB, 1 lane; the default)")
+	cmd.Flags().StringVar(&codeKSF, "code-ksf", "", "stretch join codes with these Argon2id parameters instead: TIME,MEMORY_KIB,THREADS (default 1,8192,1; docs/secrets.md sizes them)")
 	cmd.Flags().DurationVar(&cfg.NodeLifetime, "node-lifetime", 0, "node certificate lifetime (default 168h)")
 	cmd.Flags().StringVar(&storeFlag, "store", os.Getenv("STRATUM_STORE"), "the store several listeners share (etcd://host:2379,... or etcds://...): seal this cluster's keys into it ($STRATUM_STORE)")
 	cmd.Flags().BoolVar(&cfg.Join, "join", false, "add this listener to the cluster already in --store, with its key-encryption key (--kek)")
@@ -649,4 +662,24 @@ func fieldsText(f map[string]any) string {
 	}
 	sortStrings(parts)
 	return strings.Join(parts, " ")
+}
+
+// parseKSF reads Argon2id parameters given as TIME,MEMORY_KIB,THREADS.
+func parseKSF(s string) (pake.KSFParams, error) {
+	f := strings.Split(s, ",")
+	if len(f) != 3 {
+		return pake.KSFParams{}, fmt.Errorf("%q: want TIME,MEMORY_KIB,THREADS", s)
+	}
+	var n [3]uint64
+	for i, v := range f {
+		var err error
+		if n[i], err = strconv.ParseUint(strings.TrimSpace(v), 10, 32); err != nil {
+			return pake.KSFParams{}, fmt.Errorf("%q: want TIME,MEMORY_KIB,THREADS", s)
+		}
+	}
+	p := pake.KSFParams{Time: uint32(n[0]), MemoryKiB: uint32(n[1]), Threads: uint8(min(n[2], 255))}
+	if err := p.CheckArgon2id(); err != nil {
+		return pake.KSFParams{}, err
+	}
+	return p, nil
 }

@@ -30,11 +30,16 @@ func slowListener(t *testing.T) *listenerProc {
 	// the holders all come from one address: lift its budget of unproven
 	// starts, which ten attempts in flight at once would exceed
 	p := &listenerProc{t: t, data: filepath.Join(t.TempDir(), "listener"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: []string{"--unproven-per-source=-1"}}
-	run(t, nil, "stratum-listener", "init", "--data", p.data, "--endpoint", p.endpoint)
+	run(t, nil, "stratum-listener", "init", "--data", p.data, "--endpoint", p.endpoint, "--code-ksf", slowKSF)
 	p.start()
 	t.Cleanup(p.stop)
 	return p
 }
+
+// slowKSF stretches the crash tests' codes far beyond the default, so that
+// each holder spends a second or so between its counted Hello and its
+// Proof: long enough to catch ten attempts counted and in flight at once.
+const slowKSF = "8,65536,1"
 
 // agentProc is a `stratum-agent join` process.
 type agentProc struct {
@@ -121,8 +126,8 @@ func TestKill9EveryEtcdListenerWithHonestAttemptsInFlight(t *testing.T) {
 		}
 		t.Cleanup(func() { os.RemoveAll(sockDir) })
 		p := &listenerProc{t: t, data: data, sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(t), serveArgs: []string{"--store", storeURL, "--unproven-per-source=-1"}}
-		if i == 0 { // default key stretching: agents take a while to prove
-			run(t, nil, "stratum-listener", "init", "--data", data, "--endpoint", p.endpoint)
+		if i == 0 { // slow key stretching: agents take a while to prove
+			run(t, nil, "stratum-listener", "init", "--data", data, "--endpoint", p.endpoint, "--code-ksf", slowKSF)
 		}
 		p.start()
 		t.Cleanup(p.stop)
