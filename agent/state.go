@@ -19,7 +19,7 @@ import (
 	"github.com/stratumjoin/stratum/pki"
 )
 
-// File names in the state directory (DESIGN.md section 10).
+// File names in the state directory (docs/architecture.md#parts).
 const (
 	KeyFile      = "node.key"
 	CertFile     = "node.crt"

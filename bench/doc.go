@@ -1,4 +1,4 @@
-// Package bench measures the figures DESIGN.md section 11 holds us to:
+// Package bench measures the figures README.md holds us to:
 // join latency, listener CPU per join against the floor (one QUIC server
 // handshake, one OPAQUE KE2, one certificate signature), listener memory,
 // Challenge timing for live, inactive and unknown secrets, and the herd.

@@ -3,7 +3,7 @@ package hwid
 import "github.com/stratumjoin/stratum/internal/identity"
 
 // Kinds of value that IsPlaceholder knows. They are the names of the
-// `expect` fields (seed 000) and of the facts they pin, so the listener can
+// `expect` fields (the joinTokens API, docs/api.md) and of the facts they pin, so the listener can
 // pass its field name straight through.
 const (
 	KindProductUUID = identity.KindProductUUID

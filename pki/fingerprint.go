@@ -9,7 +9,7 @@ import (
 )
 
 // FormatFingerprint writes fp as upper-case hex pairs joined by ':', the
-// caFingerprint format of the join-codes API (seed 004).
+// caFingerprint format of the join-codes API (the join-codes API, docs/api.md).
 func FormatFingerprint(fp [32]byte) string {
 	const digits = "0123456789ABCDEF"
 	out := make([]byte, 0, len(fp)*3-1)

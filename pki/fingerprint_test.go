@@ -21,7 +21,7 @@ func TestFingerprintFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := pki.FormatFingerprint(fp); got != seedFingerprint {
-		t.Errorf("FormatFingerprint = %q, want seed 004's %q", got, seedFingerprint)
+		t.Errorf("FormatFingerprint = %q, want the join-codes API's %q", got, seedFingerprint)
 	}
 	certs, err := pki.ParseCertsPEM(readFile(t, "testdata/certs/root.pem"))
 	if err != nil {

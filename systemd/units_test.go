@@ -176,7 +176,7 @@ func TestSecurityExposure(t *testing.T) {
 }
 
 // TestUnitContract checks the settings other parts of Stratum Join rely on:
-// the command lines of DESIGN.md section 10, the exit statuses that must not
+// the command lines of docs/architecture.md#parts, the exit statuses that must not
 // restart, the credential name the agent reads, and the socket names the
 // listener looks up.
 func TestUnitContract(t *testing.T) {

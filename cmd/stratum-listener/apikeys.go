@@ -21,10 +21,10 @@ func apikeysCommand() *cobra.Command {
 		Use:   "create --tenant T (--grant ACTION@RESOURCE | --scope SCOPE)...",
 		Short: "create an API key bound to a tenant; it is printed once",
 		Long: "create an API key bound to a tenant; it is printed once.\n\n" +
-			"Grants (seed 000 and 004 actions) are ACTION@RESOURCE, the resource exact or a pattern:\n" +
+			"Grants (joinTokens and join-codes actions) are ACTION@RESOURCE, the resource exact or a pattern:\n" +
 			"  actions:   " + strings.Join(adminapi.Actions(), ", ") + "\n" +
 			"  resources: compute-pool/<poolId>, compute-pool/*, cluster, *\n" +
-			"Scopes (seed 003): " + strings.Join(adminapi.Scopes(), ", "),
+			"Scopes (join keys): " + strings.Join(adminapi.Scopes(), ", "),
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if req.Tenant == "" {

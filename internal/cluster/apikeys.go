@@ -32,8 +32,8 @@ func (g Grant) Allows(action, resource string) bool {
 }
 
 // APIKey is a bearer key of the admin API's HTTPS listener, bound to one
-// tenant and to its grants (seed-000 and seed-004 actions) and scopes
-// (seed 003). Only the SHA-256 of its secret is stored.
+// tenant and to its grants (joinTokens and join-codes actions) and scopes
+// (the join-keys API, docs/api.md). Only the SHA-256 of its secret is stored.
 type APIKey struct {
 	ID        string     `json:"id"`
 	Name      string     `json:"name,omitempty"`

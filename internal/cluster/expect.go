@@ -17,7 +17,7 @@ type ExpectProblem struct {
 	Message string
 }
 
-// expectRule is seed 000's constraint on one `expect` field, with the
+// expectRule is the joinTokens API's constraint on one `expect` field, with the
 // sentence an operator reads when a value breaks it.
 type expectRule struct {
 	field string
@@ -62,8 +62,8 @@ func (e *Expect) value(field string) string {
 	return ""
 }
 
-// Validate checks e as seed 000 constrains it: every field given matches
-// its pattern and is no firmware placeholder (DESIGN.md section 5: those
+// Validate checks e as the joinTokens API constrains it: every field given matches
+// its pattern and is no firmware placeholder (docs/architecture.md#identity: those
 // are never identities), and at least one identifier is given. A nil e is
 // no binding at all, which is valid.
 func (e *Expect) Validate() []ExpectProblem {
@@ -98,7 +98,7 @@ func (e *Expect) Validate() []ExpectProblem {
 }
 
 // MismatchedField names the first `expect` field the facts do not
-// satisfy, or "" when every given field matches (seed 000): UUIDs and MACs
+// satisfy, or "" when every given field matches (the joinTokens API, docs/api.md): UUIDs and MACs
 // case-insensitively, MACs and GPU UUIDs as members of the reported sets.
 // UUIDs and MACs are compared in canonical form, so a pin written without
 // dashes or in capitals still finds the agent's normalised claim.
@@ -156,7 +156,7 @@ func NodeIdentityKey(v *TPMVerdict, f wire.Facts) string {
 	return IdentityKey(f)
 }
 
-// IdentityKey is the node identity of DESIGN.md section 5: the product
+// IdentityKey is the node identity of docs/architecture.md#identity: the product
 // UUID, else the serial, else the MAC set. Placeholder values are never
 // identities: an agent that reports one anyway (an old or a hostile one)
 // must not make every board with the same firmware template one node.

@@ -388,7 +388,7 @@ func (c *Cluster) prove(tx *txn, s *Secret, req ProveRequest, now time.Time) (Ou
 
 // revokeIfUsedUp revokes a join code by UsedUpBy the moment its last
 // allowed use is spent, with an event. Tokens keep their used-up state
-// (seed 000 lists them as used up, not revoked).
+// (the joinTokens API lists them as used up, not revoked).
 func (c *Cluster) revokeIfUsedUp(tx *txn, s *Secret, now time.Time) {
 	if s.Kind != KindCode || s.MaxUses == 0 || s.Uses < s.MaxUses || s.RevokedAt != nil {
 		return

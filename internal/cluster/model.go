@@ -28,7 +28,7 @@ import (
 // tolerates; the start that would exceed it burns the secret.
 const MaxUnproven = 10
 
-// BurnedBy is the revokedBy of a burned secret (seed 004).
+// BurnedBy is the revokedBy of a burned secret (the join-codes API, docs/api.md).
 const BurnedBy = "system:too-many-attempts"
 
 // CARotatedBy is the revokedBy of a join code that `ca rotate` ended: a
@@ -52,7 +52,7 @@ const (
 	KindKey   = "key"
 )
 
-// Roles and trust levels (DESIGN.md section 6).
+// Roles and trust levels (docs/architecture.md#trust).
 const (
 	RoleNode       = "node"
 	RoleNodeTenant = "node-tenant"
@@ -76,7 +76,7 @@ const (
 	nodeRevoked           = "revoked"
 )
 
-// Expect pins a secret to one machine (seed 000). Every field given must
+// Expect pins a secret to one machine (the joinTokens API, docs/api.md). Every field given must
 // match the claimed facts.
 type Expect struct {
 	ProductUUID string `json:"productUuid,omitempty"`
@@ -102,7 +102,7 @@ type TPMVerdict struct {
 	EKIssuer       string `json:"ekIssuer,omitempty"`
 }
 
-// KeyAttrs are what a seed-003 join key gives the hosts that enroll with it.
+// KeyAttrs are what a join key gives the hosts that enroll with it.
 type KeyAttrs struct {
 	Name      string   `json:"name"`
 	OrgID     string   `json:"organizationID"`

@@ -5,7 +5,7 @@
 //
 // Both sides use it: the agent's hardware probe (package hwid) drops
 // placeholders instead of reporting them, and the listener refuses them as
-// `expect` pins and never keys a node's identity on them (DESIGN.md
+// `expect` pins and never keys a node's identity on them (docs/architecture.md
 // section 5). It is pure Go with no dependencies, so the listener binary
 // does not link the probes (ghw, netlink, NVML) to apply the same rules.
 package identity
@@ -16,7 +16,7 @@ import (
 )
 
 // Kinds of value that IsPlaceholder knows. They are the names of the
-// `expect` fields (seed 000) and of the facts they pin, so a caller can pass
+// `expect` fields (the joinTokens API, docs/api.md) and of the facts they pin, so a caller can pass
 // its field name straight through.
 const (
 	KindProductUUID = "productUuid"

@@ -20,7 +20,7 @@ func TestPlaceholderReason(t *testing.T) {
 		{KindProductUUID, "4C4C4544-0037-5810-804A-B2C04F4B5133", ""},
 		{KindProductUUID, "00000000-0000-0000-0000-3CECEFA1B2C3", ""},
 
-		// spellings without spaces, as seed 000's serial pattern forces
+		// spellings without spaces, as the joinTokens API's serial pattern forces
 		{KindSerial, "DefaultString", "a firmware placeholder"},
 		{KindSerial, "Default_String", "a firmware placeholder"},
 		{KindSerial, "Not-Specified", "a firmware placeholder"},

@@ -1,5 +1,5 @@
 // Package joincode parses and mints the three forms of join secret that
-// Stratum Join accepts (DESIGN.md section 2) and splits each into its public
+// Stratum Join accepts (docs/architecture.md#secrets) and splits each into its public
 // locator, which picks the OPAQUE record, and the password, which is the
 // whole secret and never leaves the agent.
 //
@@ -26,8 +26,8 @@ type Kind int
 
 const (
 	KindCode  Kind = iota + 1 // a typed join code
-	KindToken                 // a seed-000 bearer join token
-	KindKey                   // a seed-003 join key
+	KindToken                 // a joinTokens bearer token
+	KindKey                   // a join key
 )
 
 func (k Kind) String() string {
@@ -212,7 +212,7 @@ func NewCode(selector string) (Secret, error) {
 var lowerCrockford = base32.NewEncoding(strings.ToLower(Crockford)).WithPadding(base32.NoPadding)
 
 // RandomLowerBase32 returns n random bytes as lowercase Crockford base32
-// (the alphabet of seed 000's ids).
+// (the alphabet of the joinTokens API's ids).
 func RandomLowerBase32(n int) (string, error) {
 	buf := make([]byte, n)
 	if _, err := rand.Read(buf); err != nil {
@@ -224,7 +224,7 @@ func RandomLowerBase32(n int) (string, error) {
 // LowerBase32 encodes b as lowercase Crockford base32.
 func LowerBase32(b []byte) string { return lowerCrockford.EncodeToString(b) }
 
-// NewToken returns a seed-000 bearer token for tokenID with a 160-bit secret.
+// NewToken returns a joinTokens bearer token for tokenID with a 160-bit secret.
 func NewToken(tokenID string) (Secret, error) {
 	sec, err := RandomLowerBase32(20)
 	if err != nil {
@@ -233,7 +233,7 @@ func NewToken(tokenID string) (Secret, error) {
 	return Parse("bcjt_" + tokenID + "." + sec)
 }
 
-// NewKeyID returns a fresh seed-003 join key id, dnjoin-<26 base32>.
+// NewKeyID returns a fresh join key id, dnjoin-<26 base32>.
 func NewKeyID() (string, error) {
 	buf := make([]byte, 16)
 	if _, err := rand.Read(buf); err != nil {
@@ -242,7 +242,7 @@ func NewKeyID() (string, error) {
 	return "dnjoin-" + base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(buf), nil
 }
 
-// NewKey returns a seed-003 join key for keyID with a 260-bit secret.
+// NewKey returns a join key for keyID with a 260-bit secret.
 func NewKey(keyID string) (Secret, error) {
 	buf := make([]byte, 33)
 	if _, err := rand.Read(buf); err != nil {

@@ -224,7 +224,7 @@ const (
 // Retryable reports whether a refusal code is transient.
 func Retryable(code string) bool { return code == CodeUnavailable || code == CodeRateLimited }
 
-// Host is what a join key assigns (seed 003): network, role, tags, the
+// Host is what a join key assigns (the join-keys API, docs/api.md): network, role, tags, the
 // overlay addresses and the host name.
 type Host struct {
 	Name      string   `cbor:"1,keyasint" json:"name"`

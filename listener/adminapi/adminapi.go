@@ -3,12 +3,12 @@
 // tenants, sites, pools, networks and roles) behind three thin facades, each
 // exactly as its seed document describes it, error shape included:
 //
-//	seed 000  POST /api/compute/joinTokens/{create,list,revoke}   {"error":{code,message,details}}
-//	seed 003  /v1/join-keys (create, list, get, delete)            {"errors":[{code,message,path}]}
-//	seed 004  /v1/admin/cluster/join-codes (list, mint, revoke)    application/problem+json
+//	the joinTokens API  POST /api/compute/joinTokens/{create,list,revoke}   {"error":{code,message,details}}
+//	the join-keys API  /v1/join-keys (create, list, get, delete)            {"errors":[{code,message,path}]}
+//	the join-codes API  /v1/admin/cluster/join-codes (list, mint, revoke)    application/problem+json
 //
 // plus the bootstrap admin's own routes (nodes, joins, CA, events, API
-// keys, registry) in seed 004's style. api/openapi.yaml documents every
+// keys, registry) in the join-codes API's style. api/openapi.yaml documents every
 // route; Routes lists what the server serves and a test keeps the two
 // equal.
 //
@@ -17,7 +17,7 @@
 // admin. Over HTTPS the caller presents a bearer API key that the
 // bootstrap admin created; the key is bound to one tenant and carries
 // grants (an action on a resource pattern: seeds 000 and 004) and scopes
-// (seed 003). Requests that carry Origin or Referer are refused, so a
+// (the join-keys API, docs/api.md). Requests that carry Origin or Referer are refused, so a
 // browser tricked into talking to a forwarded socket cannot act.
 package adminapi
 
@@ -62,7 +62,7 @@ type Server struct {
 	routes []route
 
 	limitersMu sync.Mutex
-	limiters   map[string]*rate.Limiter // per organization (seed 003)
+	limiters   map[string]*rate.Limiter // per organization (the join-keys API, docs/api.md)
 	authFails  authFailures             // failed API keys per source
 }
 

@@ -78,7 +78,7 @@ func (s *Server) authenticate(r *http.Request) (Principal, error) {
 	return Principal{Name: "apikey:" + k.ID, Tenant: k.Tenant, Grants: k.Grants, Scopes: k.Scopes}, nil
 }
 
-// organization is the seed-003 organization a caller acts in: its API
+// organization is the join-keys organization a caller acts in: its API
 // key's tenant, or for the bootstrap admin the registry's default tenant.
 func (s *Server) organization(p Principal) (registry.Tenant, error) {
 	reg := s.core.Registry()

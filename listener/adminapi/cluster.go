@@ -18,7 +18,7 @@ import (
 	"github.com/stratumjoin/stratum/pki"
 )
 
-// Code is a join code as seed 004 lists it, plus its policy.
+// Code is a join code as the join-codes API lists it, plus its policy.
 type Code struct {
 	ID             string `json:"id"`
 	Selector       string `json:"selector"`
@@ -49,7 +49,7 @@ type Code struct {
 	AgentCommand string `json:"agentCommand,omitempty"`
 }
 
-// seed 004 knows live, expired and revoked. A code whose last use is
+// the join-codes API knows live, expired and revoked. A code whose last use is
 // spent is revoked by system:used-up at that moment; one used up before
 // that rule (with no revocation recorded) is listed revoked too.
 func codeState(s *cluster.Secret, now time.Time) string {

@@ -78,7 +78,7 @@ func TestJoinCodesSeed004(t *testing.T) {
 	}
 }
 
-// TestJoinCodesList: newest first, with every field of seed 004, in each
+// TestJoinCodesList: newest first, with every field of the join-codes API, in each
 // of the states live, expired and revoked (burned included); a key of a
 // tenant sees that tenant's codes only.
 func TestJoinCodesList(t *testing.T) {

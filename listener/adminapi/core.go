@@ -22,7 +22,7 @@ func (s *Server) poolOf(tenant, poolID string) (registry.Pool, error) {
 }
 
 // mintablePool checks that a pool's machines run the agent that joins
-// with a secret (seed 000: agent bcd).
+// with a secret (the joinTokens API: agent bcd).
 func mintablePool(pool registry.Pool) error {
 	if pool.Agent != registry.AgentBCD {
 		return &apiError{kind: kindInvalidState, msg: fmt.Sprintf("pool %s runs agent %q, not %s: its machines cannot join with a secret", pool.ID, pool.Agent, registry.AgentBCD)}
@@ -51,7 +51,7 @@ func checkString(path, v string, required bool, max int, re *regexp.Regexp) []fi
 	return nil
 }
 
-// validateExpect checks an `expect` binding as seed 000 constrains it
+// validateExpect checks an `expect` binding as the joinTokens API constrains it
 // (the core's rule: patterns, no firmware placeholders, at least one
 // identifier) and names each problem at its field path under prefix.
 func validateExpect(e *cluster.Expect, prefix string) []fieldError {

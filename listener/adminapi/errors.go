@@ -25,9 +25,9 @@ const (
 	kindMethod
 	kindConflict
 	kindInvalidState
-	kindDuplicate   // seed 003: a unique value is taken
+	kindDuplicate   // the join-keys API: a unique value is taken
 	kindLimit       // a count limit is reached
-	kindRateLimited // seed 003: the organization's request rate; failed API keys per source
+	kindRateLimited // the join-keys API: the organization's request rate; failed API keys per source
 	kindMediaType   // a request body that is not application/json
 	// kindApprovalRefused: an approval whose SAS is not the join's
 	kindApprovalRefused
@@ -40,9 +40,9 @@ type apiError struct {
 	kind   kind
 	msg    string
 	fields []fieldError
-	// param is the query parameter at fault (seed 003).
+	// param is the query parameter at fault (the join-keys API, docs/api.md).
 	param string
-	// limit and limitName describe a kindLimit (seed 003's extra).
+	// limit and limitName describe a kindLimit (the join-keys API's extra).
 	limit     int
 	limitName string
 	cause     error
@@ -52,7 +52,7 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.msg }
 
-// fieldError is one field's problem. code is seed 003's code for it
+// fieldError is one field's problem. code is the join-keys API's code for it
 // (ERR_INVALID_VALUE when empty); the other facades only show field and
 // message.
 type fieldError struct {
@@ -80,14 +80,14 @@ func errNotFound(what string) *apiError {
 
 func errInternal(cause error) *apiError { return &apiError{kind: kindInternal, cause: cause} }
 
-// FieldError is one field's problem (seed 004 FieldError; seed 000's
+// FieldError is one field's problem (the join-codes API FieldError; the joinTokens API's
 // details use the same shape).
 type FieldError struct {
 	Field   string `json:"field"`
 	Message string `json:"message"`
 }
 
-// Problem is seed 004's application/problem+json error.
+// Problem is the join-codes API's application/problem+json error.
 type Problem struct {
 	Type      string       `json:"type"`
 	Title     string       `json:"title"`
@@ -99,7 +99,7 @@ type Problem struct {
 	Errors    []FieldError `json:"errors,omitempty"`
 }
 
-// Problem codes of the cluster routes (seed 004).
+// Problem codes of the cluster routes (the join-codes API, docs/api.md).
 const (
 	CodeInvalidInput    = "INVALID_INPUT"
 	CodeNotFound        = "NOT_FOUND"
@@ -118,7 +118,7 @@ const (
 	problemContentType  = "application/problem+json"
 )
 
-// TokenError is seed 000's error body: {"error": TokenError}.
+// TokenError is the joinTokens API's error body: {"error": TokenError}.
 type TokenError struct {
 	Code      string       `json:"code"`
 	Message   string       `json:"message"`
@@ -140,7 +140,7 @@ const (
 	TokenUnavailable      = "UNAVAILABLE"
 )
 
-// KeyError is one entry of seed 003's {"errors": [...]}.
+// KeyError is one entry of the join-keys API's {"errors": [...]}.
 type KeyError struct {
 	Code    string         `json:"code"`
 	Message string         `json:"message"`
@@ -164,8 +164,8 @@ const (
 )
 
 // mapping is a kind's status and its code in each facade: code for the
-// cluster routes (seed 004), token for seed 000, key for seed 003. A
-// facade that never produces a kind (rate limits outside seed 003, say)
+// cluster routes (the join-codes API, docs/api.md), token for the joinTokens API, key for the join-keys API. A
+// facade that never produces a kind (rate limits outside the join-keys API, say)
 // still maps it, to its nearest code.
 type mapping struct {
 	status int
@@ -268,7 +268,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, f facade, err erro
 	}
 }
 
-// keyErrors lists one entry per field problem, as seed 003 does.
+// keyErrors lists one entry per field problem, as the join-keys API does.
 func keyErrors(e *apiError, code string) []KeyError {
 	if len(e.fields) == 0 {
 		ke := KeyError{Code: code, Message: e.msg, Param: e.param}

@@ -14,13 +14,13 @@ import (
 	"github.com/stratumjoin/stratum/listener/registry"
 )
 
-// The join-keys facade (seed 003): reusable enrollment keys of an
+// The join-keys facade (the join-keys API, docs/api.md): reusable enrollment keys of an
 // organization's overlay network. Every host that enrolls with a key joins
 // as a new host with the key's network, role and tags, an address from
 // each of its prefixes, and its own hostname (or the key's name and a
 // random suffix).
 
-// JoinKey is a join key as seed 003 returns it. Token is only in the
+// JoinKey is a join key as the join-keys API returns it. Token is only in the
 // response that creates the key.
 type JoinKey struct {
 	ID              string     `json:"id"`
@@ -71,7 +71,7 @@ type CreateJoinKeyRequest struct {
 	ExpiresAt       *string  `json:"expiresAt,omitempty"`
 }
 
-// Seed 003's bounds, and ours where it sets none (tags).
+// the join-keys API's bounds, and ours where it sets none (tags).
 const (
 	MaxKeyNameLen   = 54
 	MaxKeyCIDRs     = 2
@@ -219,7 +219,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p Principal) 
 	return nil
 }
 
-// KeysPage is seed 003's list response: {"data": [...], "metadata": {...}}.
+// KeysPage is the join-keys API's list response: {"data": [...], "metadata": {...}}.
 type KeysPage struct {
 	Data     []JoinKey    `json:"data"`
 	Metadata PageMetadata `json:"metadata"`

@@ -28,7 +28,7 @@ func allKeyScopes() []string {
 	return []string{"join-keys:create", "join-keys:list", "join-keys:read", "join-keys:delete"}
 }
 
-// TestJoinKeysSeed003 walks every constraint and error of seed 003,
+// TestJoinKeysSeed003 walks every constraint and error of the join-keys API,
 // checking status, the {"errors":[...]} shape, code and path.
 func TestJoinKeysSeed003(t *testing.T) {
 	e := newEnv(t)

@@ -11,9 +11,9 @@ import (
 type facade int
 
 const (
-	facadeCluster facade = iota // seed 004: application/problem+json
-	facadeTokens                // seed 000: {"error":{...}}
-	facadeKeys                  // seed 003: {"errors":[...]}
+	facadeCluster facade = iota // the join-codes API: application/problem+json
+	facadeTokens                // the joinTokens API: {"error":{...}}
+	facadeKeys                  // the join-keys API: {"errors":[...]}
 )
 
 // facadeFor picks the error shape of a path, also for paths no route
@@ -88,29 +88,29 @@ func Scopes() []string {
 
 func (s *Server) routeTable() []route {
 	return []route{
-		// seed 000: joinTokens
+		// the joinTokens API: joinTokens
 		{method: http.MethodPost, path: "/api/compute/joinTokens/create", facade: facadeTokens, h: s.createToken},
 		{method: http.MethodPost, path: "/api/compute/joinTokens/list", facade: facadeTokens, h: s.listTokens},
 		{method: http.MethodPost, path: "/api/compute/joinTokens/revoke", facade: facadeTokens, h: s.revokeToken},
 
-		// seed 003: join keys
+		// the join-keys API: join keys
 		{method: http.MethodPost, path: "/v1/join-keys", facade: facadeKeys, scope: ScopeCreateJoinKey, h: s.createKey},
 		{method: http.MethodGet, path: "/v1/join-keys", facade: facadeKeys, scope: ScopeListJoinKeys, h: s.listKeys},
 		{method: http.MethodGet, path: "/v1/join-keys/{id}", facade: facadeKeys, scope: ScopeReadJoinKey, h: s.getKey},
 		{method: http.MethodDelete, path: "/v1/join-keys/{id}", facade: facadeKeys, scope: ScopeDeleteJoinKey, h: s.deleteKey},
 
-		// seed 004: join codes
+		// the join-codes API: join codes
 		{method: http.MethodGet, path: "/v1/admin/cluster/join-codes", h: s.listCodes},
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes", h: s.mintCode},
 		{method: http.MethodGet, path: "/v1/admin/cluster/join-codes/{id}", h: s.getCode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/revoke", h: s.revokeCode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/join-codes/{id}/reset-attempts", h: s.resetAttempts},
 
-		// the bootstrap admin's cluster routes, in seed 004's style
+		// the bootstrap admin's cluster routes, in the join-codes API's style
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes", adminOnly: true, h: s.listNodes},
 		{method: http.MethodGet, path: "/v1/admin/cluster/nodes/{id}", adminOnly: true, h: s.getNode},
 		{method: http.MethodPost, path: "/v1/admin/cluster/nodes/{id}/revoke", adminOnly: true, h: s.revokeNode},
-		// the approval of joins, in seed 004's style, for API keys too
+		// the approval of joins, in the join-codes API's style, for API keys too
 		{method: http.MethodGet, path: "/v1/admin/cluster/joins", h: s.listJoins},
 		{method: http.MethodGet, path: "/v1/admin/cluster/joins/{id}", h: s.getJoin},
 		{method: http.MethodPost, path: "/v1/admin/cluster/joins/{id}/approve", h: s.decideJoin(true)},

@@ -23,7 +23,7 @@ func keysOf(m map[string]any) []string {
 	return ks
 }
 
-// checkTokenError checks seed 000's error shape:
+// checkTokenError checks the joinTokens API's error shape:
 // {"error":{"code","message","requestId","details":[{"field","message"}]}}.
 func checkTokenError(t *testing.T, r response, w want) {
 	t.Helper()
@@ -71,7 +71,7 @@ func checkTokenError(t *testing.T, r response, w want) {
 	t.Errorf("no detail for field %q: %s", w.field, r.body)
 }
 
-// checkKeyError checks seed 003's error shape:
+// checkKeyError checks the join-keys API's error shape:
 // {"errors":[{"code","message","path"?,"param"?,"extra"?}]}; field, when
 // set, must be the path (or param) of an entry with the code.
 func checkKeyError(t *testing.T, r response, w want) []map[string]any {
@@ -110,7 +110,7 @@ func checkKeyError(t *testing.T, r response, w want) []map[string]any {
 	return entries
 }
 
-// checkProblem checks seed 004's application/problem+json: type, title,
+// checkProblem checks the join-codes API's application/problem+json: type, title,
 // status, requestId and code are required; errors[] names fields.
 func checkProblem(t *testing.T, r response, w want) {
 	t.Helper()

@@ -11,7 +11,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/joincode"
 )
 
-// The joinTokens facade (seed 000): single-purpose node join tokens per
+// The joinTokens facade (the joinTokens API, docs/api.md): single-purpose node join tokens per
 // pool, created idempotently, listed by id, revoked at once.
 
 // JoinToken is a join token's record. Token, the bearer secret, is only in
@@ -89,7 +89,7 @@ type ListJoinTokensResponse struct {
 	Cursor string      `json:"cursor,omitempty"`
 }
 
-// Seed 000's bounds and defaults.
+// the joinTokens API's bounds and defaults.
 const (
 	DefaultTokenMaxUses = 1
 	MaxTokenUses        = 10000
@@ -146,7 +146,7 @@ func (req *RevokeJoinTokenRequest) validate() []fieldError {
 	return append(checkTenantPool(req.TenantID, req.PoolID), checkString("tokenId", req.TokenID, true, 64, tokenIDRE)...)
 }
 
-// decodeTokenRequest reads and validates one seed-000 request body.
+// decodeTokenRequest reads and validates one joinTokens request body.
 func decodeTokenRequest(r *http.Request, req interface{ validate() []fieldError }) error {
 	if err := decodeStrict(r.Body, req); err != nil {
 		return err

@@ -44,7 +44,7 @@ func createBody(changes ...any) map[string]any {
 }
 
 // TestJoinTokensSeed000 walks every input constraint and every error of
-// seed 000, checking status, error shape and code.
+// the joinTokens API, checking status, error shape and code.
 func TestJoinTokensSeed000(t *testing.T) {
 	e := newEnv(t)
 	all := e.apiKey("acme", []string{"compute:join-tokens:create@compute-pool/*", "compute:join-tokens:read@compute-pool/*", "compute:join-tokens:revoke@compute-pool/*"})
@@ -389,7 +389,7 @@ func TestJoinTokenIdempotency(t *testing.T) {
 }
 
 // TestJoinTokenTrust: the token's hosted flag and the pool's site and
-// policy decide the node's trust and its certificate's role (DESIGN.md
+// policy decide the node's trust and its certificate's role (docs/architecture.md
 // section 6); the certificate says the role in its SPIFFE id.
 func TestJoinTokenTrust(t *testing.T) {
 	e := newEnv(t)

@@ -6,7 +6,7 @@
 // references to anything the file does not define are errors, so a typo
 // never silently widens trust.
 //
-// A registry also decides trust (DESIGN.md section 6): see Registry.Trust.
+// A registry also decides trust (docs/architecture.md#trust): see Registry.Trust.
 //
 // Example:
 //
@@ -47,7 +47,7 @@ import (
 const PlatformOwner = "platform"
 
 // AgentBCD is the agent kind of pools whose machines run the Stratum
-// agent daemon; only such pools take join tokens (seed 000).
+// agent daemon; only such pools take join tokens (the joinTokens API, docs/api.md).
 const AgentBCD = "bcd"
 
 // Defaults for a tenant's limits.
@@ -211,7 +211,7 @@ func multiDocument(doc []byte) bool {
 }
 
 var (
-	// TenantIDRE and PoolIDRE are seed 000's tenantId and poolId; the
+	// TenantIDRE and PoolIDRE are the joinTokens API's tenantId and poolId; the
 	// admin API checks requests with them too.
 	TenantIDRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 	PoolIDRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
@@ -379,7 +379,7 @@ func find[T any](items []T, id string, key func(T) string) (T, bool) {
 }
 
 // Trust decides the role and trust of a node joining pool with a secret
-// that is or is not hosted on Kubernetes (DESIGN.md section 6, seed 000):
+// that is or is not hosted on Kubernetes (docs/architecture.md#trust, the joinTokens API):
 //
 //   - a pool on a tenant's own site is tenant-owned, hosted or not: a
 //     hosted secret only ever lowers platform trust;

@@ -109,7 +109,7 @@ func TestParseRejects(t *testing.T) {
 	}
 }
 
-// TestTrust walks DESIGN.md section 6: hosted only lowers platform trust,
+// TestTrust walks docs/architecture.md#trust: hosted only lowers platform trust,
 // platformOperated keeps it only on a platform-owned, non-custom site, and
 // a tenant's own site stays tenant-owned.
 func TestTrust(t *testing.T) {

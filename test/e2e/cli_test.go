@@ -16,7 +16,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/joincode"
 )
 
-// TestAgentExitStatus checks the statuses of DESIGN.md section 10 that
+// TestAgentExitStatus checks the statuses of docs/architecture.md#parts that
 // the other tests do not: 2 for usage errors (a typo caught by the check
 // symbol included) and 3 for a listener that cannot be reached.
 func TestAgentExitStatus(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package seedclient is a client of the admin API written only from the
 // three seed documents (../../shared/seeds: 000 joinTokens, 003 join keys,
-// 004 join codes) and the command line of DESIGN.md section 10. It imports
+// 004 join codes) and the command line of docs/architecture.md#parts. It imports
 // nothing of the project: it builds the two commands, runs a listener as a
 // subprocess, builds every request by hand, and joins with real agents.
 package seedclient_test
@@ -300,7 +300,7 @@ func TestSeedClient(t *testing.T) {
 	}
 	var secrets []string
 
-	t.Run("seed 000 joinTokens", func(t *testing.T) {
+	t.Run("the joinTokens API joinTokens", func(t *testing.T) {
 		status, tok := c.call(t, key.Key, "POST", "/api/compute/joinTokens/create",
 			`{"tenantId":"acme","poolId":"pool-a","maxUses":5,"ttlSeconds":600,"idempotencyKey":"seed-client-1"}`)
 		bearer, _ := tok["token"].(string)
@@ -337,7 +337,7 @@ func TestSeedClient(t *testing.T) {
 		}
 	})
 
-	t.Run("seed 003 join keys", func(t *testing.T) {
+	t.Run("the join-keys API join keys", func(t *testing.T) {
 		status, created := c.call(t, key.Key, "POST", "/v1/join-keys",
 			`{"name":"ci-runner","networkID":"network-ACME","roleID":"role-CI","tags":["env:ci"],"autoAssignCIDRs":["100.100.0.0/22"],"expiresAt":"2099-01-01T00:00:00Z"}`)
 		data, _ := created["data"].(map[string]any)
@@ -380,7 +380,7 @@ func TestSeedClient(t *testing.T) {
 		}
 	})
 
-	t.Run("seed 004 join codes", func(t *testing.T) {
+	t.Run("the join-codes API join codes", func(t *testing.T) {
 		status, minted := c.call(t, key.Key, "POST", "/v1/admin/cluster/join-codes", `{"pool":"pool-a","maxUses":5,"ttlSeconds":600,"autoApprove":true}`)
 		id, _ := minted["id"].(string)
 		joinCode, _ := minted["code"].(string)
