@@ -178,11 +178,22 @@ func (m *Renew) Check() error {
 	return nil
 }
 
+// Leave asks, over a mutually authenticated ALPNNode connection, that the
+// node presenting the certificate be revoked: the node leaves the cluster.
+// It has no fields; the certificate names the node.
+type Leave struct{}
+
+func (*Leave) Type() byte { return TypeLeave }
+
+func (*Leave) Check() error { return nil }
+
 // Result statuses.
 const (
 	StatusJoined  = "joined"
 	StatusPending = "pending"
 	StatusRefused = "refused"
+	// StatusLeft answers a Leave: the node is revoked.
+	StatusLeft = "left"
 )
 
 // Refusal codes a Result carries. Before a proven PAKE nothing is ever
@@ -284,6 +295,10 @@ func (m *Result) Check() error {
 	case StatusRefused:
 		if m.Code == "" {
 			return errors.New("refused result lacks a code")
+		}
+	case StatusLeft:
+		if m.NodeID == "" {
+			return errors.New("left result lacks a node id")
 		}
 	default:
 		return fmt.Errorf("unknown status %q", m.Status)

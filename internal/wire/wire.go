@@ -28,6 +28,11 @@
 //	Renew{CSR}                       ->
 //	                                 <-     Result{status: joined|refused, ...}
 //
+// or, to leave the cluster (the node revokes its own certificate):
+//
+//	Leave{}                          ->
+//	                                 <-     Result{status: left|refused, nodeId}
+//
 // Each frame is a 4-byte big-endian length, then one type byte, then the
 // message as canonical CBOR. Frames are at most MaxFrame bytes. Decoding is
 // strict: unknown fields, duplicate keys, indefinite lengths, trailing
@@ -70,6 +75,7 @@ const (
 	// 6 is not used.
 	TypeTPMChallenge byte = 7
 	TypeTPMAnswer    byte = 8
+	TypeLeave        byte = 9
 )
 
 // Message is implemented by every frame body.

@@ -22,6 +22,8 @@ func samples() []Message {
 		&TPMChallenge{Credential: []byte{1}, Secret: []byte{2}, Nonce: make([]byte, 32)},
 		&TPMAnswer{Secret: []byte{1}, CertifyInfo: []byte{2}, Signature: []byte{3}},
 		&Renew{CSR: []byte{9}},
+		&Leave{},
+		&Result{Status: StatusLeft, NodeID: "node-x"},
 		&Result{Status: StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{cert}, CABundle: [][]byte{cert}, Host: &Host{Name: "h", NetworkID: "n"}},
 		&Result{Status: StatusPending, JoinID: "join-1"},
 		&Result{Status: StatusRefused, Code: CodeStale, Message: "stale"},
