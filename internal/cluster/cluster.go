@@ -14,6 +14,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 // Config wires a Cluster.
@@ -421,24 +422,84 @@ func (c *Cluster) RevokeNode(ctx context.Context, id, actor string) (*Node, erro
 		if n.State == nodeRevoked {
 			return nil
 		}
-		now := c.now().UTC()
-		n.State, n.RevokedAt, n.RevokedBy = nodeRevoked, &now, actor
-		idKey := identityKey(n.Pool, n.IdentityKey)
-		holder, _, err := tx.getString(idKey)
-		if err != nil {
-			return err
-		}
-		tx.put(nodeKey(id), n)
-		if holder == id && n.IdentityKey != "" {
-			tx.del(idKey)
-		}
-		tx.event(EventNodeRevoked, actor, map[string]any{"nodeId": id})
-		return nil
+		return c.revokeNode(tx, &n, actor, nil)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("revoke node: %w", err)
 	}
 	return &n, nil
+}
+
+// revokeNode marks n revoked by actor and frees its identity, in tx.
+func (c *Cluster) revokeNode(tx *txn, n *Node, actor string, fields map[string]any) error {
+	now := c.now().UTC()
+	n.State, n.RevokedAt, n.RevokedBy = nodeRevoked, &now, actor
+	idKey := identityKey(n.Pool, n.IdentityKey)
+	holder, _, err := tx.getString(idKey)
+	if err != nil {
+		return err
+	}
+	tx.put(nodeKey(n.ID), *n)
+	if holder == n.ID && n.IdentityKey != "" {
+		tx.del(idKey)
+	}
+	ev := map[string]any{"nodeId": n.ID}
+	for k, v := range fields {
+		ev[k] = v
+	}
+	tx.event(EventNodeRevoked, actor, ev)
+	return nil
+}
+
+// NodeActor is the actor of what a node does itself (its leave).
+func NodeActor(id string) string { return "node:" + id }
+
+// LeaveRequest is a node asking to leave: NodeID and Serial come from the
+// certificate it presented over mutual TLS.
+type LeaveRequest struct {
+	NodeID string
+	Serial string
+}
+
+// Leave revokes a node at its own request, as RevokeNode does, with the
+// node as the event's actor. The certificate must be one Renew would
+// accept (the node's current generation, not revoked by a reclaim), so a
+// stolen older certificate cannot revoke the node that replaced it. The
+// outcome is StatusLeft, or refused NODE_UNKNOWN or NODE_REVOKED.
+func (c *Cluster) Leave(ctx context.Context, req LeaveRequest) (Outcome, error) {
+	var out Outcome
+	err := c.update(ctx, func(tx *txn) error {
+		var n Node
+		found, err := tx.getJSON(nodeKey(req.NodeID), &n)
+		if err != nil {
+			return err
+		}
+		if !found {
+			out = refused(wire.CodeNodeUnknown, "the listener does not know this node")
+			return nil
+		}
+		if !n.Active() {
+			out = refused(wire.CodeNodeRevoked, "this node was already revoked")
+			return nil
+		}
+		owner, _, err := tx.getString(serialKey(req.Serial))
+		if err != nil {
+			return err
+		}
+		if owner != serialOwner(&n) || slicesContains(n.RevokedSerials, req.Serial) {
+			out = refused(wire.CodeNodeRevoked, "this certificate was revoked when the machine was reclaimed")
+			return nil
+		}
+		if err := c.revokeNode(tx, &n, NodeActor(n.ID), map[string]any{"reason": "leave"}); err != nil {
+			return err
+		}
+		out = Outcome{Status: wire.StatusLeft, Node: &n}
+		return nil
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("commit leave: %w", err)
+	}
+	return out, nil
 }
 
 // Joins lists joins, pending first then newest first.
