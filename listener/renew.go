@@ -32,9 +32,7 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	// A certificate the listener cannot accept is refused by name, after
 	// the request is read, so the agent knows not to retry.
 	refuse := func(msg string, cause error) (quic.ApplicationErrorCode, error) {
-		str.SetReadDeadline(time.Now().Add(helloTimeout))
-		var req wire.Renew
-		if err := wire.Read(str, &req); err != nil {
+		if _, _, err := readNodeRequest(str); err != nil {
 			return errCodeAuth, fmt.Errorf("%s: %w", msg, cause)
 		}
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"}
@@ -66,10 +64,12 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	if err != nil {
 		return refuse("this node's certificate names no node of this cluster", err)
 	}
-	str.SetReadDeadline(time.Now().Add(helloTimeout))
-	var req wire.Renew
-	if err := wire.Read(str, &req); err != nil {
+	req, leave, err := readNodeRequest(str)
+	if err != nil {
 		return errCodeProtocol, fmt.Errorf("read renew: %w", err)
+	}
+	if leave {
+		return l.leave(ctx, str, nodeID, serialHex(leaf.SerialNumber))
 	}
 	csr, err := x509.ParseCertificateRequest(req.CSR)
 	if err != nil || csr.CheckSignature() != nil {
@@ -105,11 +105,43 @@ func (l *Listener) verifiesBeforeExpiry(raw [][]byte, roots []*x509.Certificate,
 
 // refuseExpired reads the request and refuses it NODE_CERT_EXPIRED.
 func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (quic.ApplicationErrorCode, error) {
-	str.SetReadDeadline(time.Now().Add(helloTimeout))
-	var req wire.Renew
-	if err := wire.Read(str, &req); err != nil {
+	if _, _, err := readNodeRequest(str); err != nil {
 		return errCodeAuth, fmt.Errorf("read renew: %w", err)
 	}
 	msg := fmt.Sprintf("this node's certificate expired at %s, longer ago than the %s this cluster renews after expiry; join it again with a new code", notAfter.UTC().Format(time.RFC3339), l.cfg.RenewGrace)
 	return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertExpired, Message: msg})
+}
+
+// readNodeRequest reads the one request of a node connection: a Renew, or
+// a Leave (leave is true, req nil).
+func readNodeRequest(str Stream) (req *wire.Renew, leave bool, err error) {
+	str.SetReadDeadline(time.Now().Add(helloTimeout))
+	typ, body, err := wire.ReadFrame(str)
+	if err != nil {
+		return nil, false, err
+	}
+	if typ == wire.TypeLeave {
+		return nil, true, wire.Decode(typ, body, &wire.Leave{})
+	}
+	req = &wire.Renew{}
+	return req, false, wire.Decode(typ, body, req)
+}
+
+// leave revokes the node that presented the certificate, at its request
+// (stratum-agent leave): it is marked revoked as `nodes revoke` would,
+// with the node as the event's actor, so its renewals are refused from
+// now on.
+func (l *Listener) leave(ctx context.Context, str Stream, nodeID, serial string) (quic.ApplicationErrorCode, error) {
+	t0 := time.Now()
+	out, err := l.cluster.Leave(ctx, cluster.LeaveRequest{NodeID: nodeID, Serial: serial})
+	l.metrics.storeOp("leave", t0, err)
+	if err != nil {
+		l.logger.Warn("record leave", "nodeId", nodeID, "err", err)
+		return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
+	}
+	if out.Status != wire.StatusLeft {
+		return errCodeDone, wire.Write(str, &wire.Result{Status: out.Status, Code: out.Code, Message: out.Message})
+	}
+	l.logger.Info("node left", "nodeId", nodeID, "remote", remoteAddr(ctx))
+	return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusLeft, NodeID: nodeID})
 }
