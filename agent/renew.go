@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -34,89 +36,12 @@ type RenewConfig struct {
 // while the machine was off) for a new one over mutual TLS, and pins the
 // CA bundle the listener sends.
 func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = time.Minute
-	}
-	st := State{Dir: cfg.StateDir}
-	id, ok, err := st.Identity()
+	ns, err := openNode(ctx, &cfg)
 	if err != nil {
-		return id, &localError{err}
+		return ns.id, err
 	}
-	if !ok {
-		return id, &localError{errors.New("not joined")}
-	}
-	locator := cfg.TPM
-	if locator == "" {
-		locator = id.TPM
-	}
-	key, tp, err := st.nodeKey(locator)
-	if err != nil {
-		return id, &localError{err}
-	}
-	if tp != nil {
-		defer tp.Close()
-		id.TPM = locator
-	}
-	chain, err := st.Chain()
-	if err != nil {
-		return id, &localError{err}
-	}
-	roots, err := st.Roots()
-	if err != nil {
-		return id, &localError{err}
-	}
-	tlsCert := tls.Certificate{PrivateKey: key, Leaf: chain[0]}
-	for _, c := range chain {
-		tlsCert.Certificate = append(tlsCert.Certificate, c.Raw)
-	}
-	tlsConf := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{wire.ALPNNode},
-		Certificates: []tls.Certificate{tlsCert},
-		// Verified below against the pinned roots and the listener's
-		// SPIFFE identity, not a host name.
-		InsecureSkipVerify: true,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			_, _, err := pki.VerifyListenerChain(raw, roots, id.TrustDomain, cfg.Now())
-			return err
-		},
-	}
-	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second}
-	dial := cfg.Dial
-	if dial == nil {
-		dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
-			return quic.DialAddr(ctx, ep, t, q)
-		}
-	}
-	conn, ep, err := dialFirst(ctx, endpointList(id.Endpoint, id.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
-		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-		defer cancel()
-		return dial(dctx, ep, tlsConf.Clone(), qconf.Clone())
-	})
-	if err != nil {
-		return id, &UnreachableError{err}
-	}
-	// The endpoint that answered is tried first next time.
-	id.Endpoints = endpointList(ep, endpointList(id.Endpoint, id.Endpoints))
-	id.Endpoint = ep
-	defer conn.CloseWithError(0, "")
-	// quic-go detaches the connection from the dial's context: close it
-	// when ctx ends so that a stop interrupts a read in flight.
-	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
-	defer stop()
-	str, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		return id, &UnreachableError{err}
-	}
-	if err := str.SetDeadline(time.Now().Add(cfg.Timeout)); err != nil {
-		return id, &UnreachableError{err}
-	}
+	defer ns.close()
+	id, key, str, st := ns.id, ns.key, ns.str, ns.st
 	csr, err := CSR(key)
 	if err != nil {
 		return id, &localError{err}
@@ -165,6 +90,117 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		return id, &localError{err}
 	}
 	return id, nil
+}
+
+// nodeSession is one open stream on a mutually authenticated connection
+// to the listener, under the node's current certificate.
+type nodeSession struct {
+	st    State
+	id    Identity
+	key   crypto.Signer
+	str   *quic.Stream
+	close func()
+}
+
+// openNode reads the node's identity and key and opens a stream to the
+// first listener endpoint that answers. On error, ns.id is whatever was
+// read (for the caller's messages) and nothing needs closing.
+func openNode(ctx context.Context, cfg *RenewConfig) (ns nodeSession, err error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Minute
+	}
+	st := State{Dir: cfg.StateDir}
+	id, ok, err := st.Identity()
+	if err != nil {
+		return nodeSession{id: id}, &localError{err}
+	}
+	if !ok {
+		return nodeSession{id: id}, &localError{errors.New("not joined")}
+	}
+	locator := cfg.TPM
+	if locator == "" {
+		locator = id.TPM
+	}
+	key, tp, err := st.nodeKey(locator)
+	if err != nil {
+		return nodeSession{id: id}, &localError{err}
+	}
+	closers := []func(){}
+	cleanup := sync.OnceFunc(func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	})
+	defer func() {
+		if err != nil {
+			cleanup()
+		}
+	}()
+	if tp != nil {
+		closers = append(closers, func() { tp.Close() })
+		id.TPM = locator
+	}
+	chain, err := st.Chain()
+	if err != nil {
+		return nodeSession{id: id}, &localError{err}
+	}
+	roots, err := st.Roots()
+	if err != nil {
+		return nodeSession{id: id}, &localError{err}
+	}
+	tlsCert := tls.Certificate{PrivateKey: key, Leaf: chain[0]}
+	for _, c := range chain {
+		tlsCert.Certificate = append(tlsCert.Certificate, c.Raw)
+	}
+	tlsConf := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		NextProtos:   []string{wire.ALPNNode},
+		Certificates: []tls.Certificate{tlsCert},
+		// Verified below against the pinned roots and the listener's
+		// SPIFFE identity, not a host name.
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			_, _, err := pki.VerifyListenerChain(raw, roots, id.TrustDomain, cfg.Now())
+			return err
+		},
+	}
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second}
+	dial := cfg.Dial
+	if dial == nil {
+		dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {
+			return quic.DialAddr(ctx, ep, t, q)
+		}
+	}
+	conn, ep, err := dialFirst(ctx, endpointList(id.Endpoint, id.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+		defer cancel()
+		return dial(dctx, ep, tlsConf.Clone(), qconf.Clone())
+	})
+	if err != nil {
+		return nodeSession{id: id}, &UnreachableError{err}
+	}
+	// The endpoint that answered is tried first next time.
+	id.Endpoints = endpointList(ep, endpointList(id.Endpoint, id.Endpoints))
+	id.Endpoint = ep
+	closers = append(closers, func() { conn.CloseWithError(0, "") })
+	// quic-go detaches the connection from the dial's context: close it
+	// when ctx ends so that a stop interrupts a read in flight.
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
+	closers = append(closers, func() { stop() })
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return nodeSession{id: id}, &UnreachableError{err}
+	}
+	if err := str.SetDeadline(time.Now().Add(cfg.Timeout)); err != nil {
+		return nodeSession{id: id}, &UnreachableError{err}
+	}
+	return nodeSession{st: st, id: id, key: key, str: str, close: cleanup}, nil
 }
 
 // localError is a failure of this machine's own state (no identity, an
