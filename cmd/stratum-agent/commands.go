@@ -71,7 +71,7 @@ func rootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
-	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand(), renewCommand())
+	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand(), renewCommand(), leaveCommand())
 	cli.AddVersion(root, &jsonOut)
 	cli.AddDocs(root)
 	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
@@ -536,6 +536,41 @@ func renewCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&now, "now", false, "renew now")
+	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
+	return cmd
+}
+
+func leaveCommand() *cobra.Command {
+	var stateDir string
+	cmd := &cobra.Command{
+		Use:   "leave [--state DIR]",
+		Short: "leave the cluster: revoke this node's certificate at the listener, then wipe the state directory",
+		Long: `leave asks the listener, over mutual TLS under this node's certificate, to
+revoke the node (as "stratum-listener nodes revoke" would), and once it has,
+removes the node's key (or its TPM blobs), certificate, ca.pem and node.json.
+Stop the service first (systemctl stop stratum-agent), or it joins again.
+Exit status: 0 left, 1 refused (nothing wiped), 3 unreachable (nothing wiped).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			id, err := agent.Leave(cmd.Context(), agent.RenewConfig{StateDir: stateDir})
+			if err != nil {
+				var refused *agent.RefusedError
+				if errors.As(err, &refused) && !refused.Retryable() {
+					return &exitError{cli.ExitRefused, fmt.Errorf("leave refused: %s (%s); the state directory was left as it was", refused.Message, refused.Code)}
+				}
+				var unreachable *agent.UnreachableError
+				if errors.As(err, &unreachable) {
+					return fmt.Errorf("%w; the state directory was left as it was", explain(err, id.Endpoint))
+				}
+				return explain(err, id.Endpoint)
+			}
+			if jsonOut {
+				return printJSON(cmd.OutOrStdout(), map[string]string{"nodeId": id.NodeID, "status": "left", "stateDir": stateDir})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s left the cluster: its certificate is revoked and %s is wiped\n", id.NodeID, stateDir)
+			return nil
+		},
+	}
 	cmd.Flags().StringVar(&stateDir, "state", "/var/lib/stratum-agent", "state directory")
 	return cmd
 }
