@@ -134,8 +134,12 @@ type Secret struct {
 	AllowReclaim    bool     `json:"allowReclaim,omitempty"`
 	RequireApproval bool     `json:"requireApproval,omitempty"`
 	MaxUses         int      `json:"maxUses"` // 0: unlimited
-	Uses            int      `json:"uses"`
-	Unproven        int      `json:"unproven"`
+	// Description and Labels are the operator's notes on a join code
+	// (what batch, which rack); the listener never reads them.
+	Description string            `json:"description,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Uses        int               `json:"uses"`
+	Unproven    int               `json:"unproven"`
 	// FailedReported is the failed-proof count of a token or key last
 	// announced by an event; events go out at 1, 2, 4, 8, ... failures,
 	// so a guessing storm writes log2(n) of them.

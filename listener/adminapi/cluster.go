@@ -44,6 +44,10 @@ type Code struct {
 	AllowReclaim    bool            `json:"allowReclaim"`
 	Hosted          string          `json:"hosted,omitempty"`
 	Expect          *cluster.Expect `json:"expect,omitempty"`
+	// Description and Labels are the operator's, as minted; absent when
+	// none were given.
+	Description string            `json:"description,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 	// Code and AgentCommand are only in the response that mints it.
 	Code         string `json:"code,omitempty"`
 	AgentCommand string `json:"agentCommand,omitempty"`
@@ -66,6 +70,7 @@ func toCode(s *cluster.Secret, now time.Time) Code {
 		State: codeState(s, now), CreatedBy: s.CreatedBy, CreatedAt: s.CreatedAt, RevokedAt: s.RevokedAt, RevokedBy: s.RevokedBy,
 		Registrations: s.Registrations, MaxUses: s.MaxUses, Uses: s.Uses, Pool: s.Pool, Tenant: s.Tenant, Role: s.Role, Trust: s.Trust,
 		RequireApproval: s.RequireApproval, AllowReclaim: s.AllowReclaim, Hosted: s.Hosted, Expect: s.Expect,
+		Description: s.Description, Labels: s.Labels,
 	}
 	if s.ExpiresAt != nil {
 		c.ExpiresAt = *s.ExpiresAt
@@ -82,10 +87,14 @@ func (s *Server) listCodes(w http.ResponseWriter, r *http.Request, p Principal) 
 		return errInternal(err)
 	}
 	sort.SliceStable(secrets, func(i, j int) bool { return secrets[i].CreatedAt.After(secrets[j].CreatedAt) })
+	want, ferrs := parseLabelSelector(r.URL.Query()["label"])
+	if len(ferrs) > 0 {
+		return errInvalid("the query has invalid parameters", ferrs...)
+	}
 	now := s.core.Cluster().Now()
 	items := make([]Code, 0, len(secrets))
 	for i := range secrets {
-		if p.actsFor(secrets[i].Tenant) {
+		if p.actsFor(secrets[i].Tenant) && hasLabels(secrets[i].Labels, want) {
 			items = append(items, toCode(&secrets[i], now))
 		}
 	}
@@ -105,6 +114,11 @@ type MintCodeRequest struct {
 	Expect       *cluster.Expect `json:"expect,omitempty"`
 	AllowReclaim bool            `json:"allowReclaim,omitempty"`
 	Hosted       string          `json:"hosted,omitempty"`
+	// Description is free text for the operator, at most
+	// MaxDescription characters; Labels are at most MaxLabels key=value
+	// pairs, keys and values as labelKeyRE and labelValueRE allow.
+	Description string            `json:"description,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 // Join code defaults and bounds.
@@ -135,6 +149,8 @@ func (req *MintCodeRequest) validate() []fieldError {
 	if req.Hosted != "" && req.Hosted != cluster.HostedKubernetes {
 		errs = append(errs, fieldError{path: "hosted", msg: "must be kubernetes or absent"})
 	}
+	errs = append(errs, validateDescription("description", req.Description)...)
+	errs = append(errs, validateLabels("labels", req.Labels)...)
 	return append(errs, validateExpect(req.Expect, "expect")...)
 }
 
@@ -166,7 +182,7 @@ func (s *Server) mintCode(w http.ResponseWriter, r *http.Request, p Principal) e
 	sec := cluster.Secret{
 		ID: "jc-" + id, Kind: cluster.KindCode, Tenant: pool.Tenant, Pool: pool.ID, Role: role, Trust: trust,
 		Hosted: req.Hosted, Expect: req.Expect, AllowReclaim: req.AllowReclaim, RequireApproval: !req.AutoApprove,
-		MaxUses: *req.MaxUses, CreatedBy: p.Name, ExpiresAt: &exp,
+		MaxUses: *req.MaxUses, CreatedBy: p.Name, ExpiresAt: &exp, Description: req.Description, Labels: req.Labels,
 	}
 	fields := map[string]any{"pool": pool.ID, "tenant": pool.Tenant, "pinned": !req.Expect.Empty(), "trust": trust}
 	if req.Hosted != "" {
