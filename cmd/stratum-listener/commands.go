@@ -272,6 +272,7 @@ func codesCommand() *cobra.Command {
 	var ttl time.Duration
 	var maxUses int
 	var expect cluster.Expect
+	var createLabels []string
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "mint a join code; it is printed once",
@@ -282,6 +283,11 @@ func codesCommand() *cobra.Command {
 			if expect != (cluster.Expect{}) {
 				req.Expect = &expect
 			}
+			labels, err := parseLabels(createLabels)
+			if err != nil {
+				return err
+			}
+			req.Labels = labels
 			c, err := client().MintCode(cmd.Context(), req)
 			if err != nil {
 				return inFlagTerms(err, codeFlags)
@@ -294,6 +300,12 @@ func codesCommand() *cobra.Command {
 			fmt.Fprintf(w, "id         %s\nexpires    %s\nmax uses   %s\npool       %s (role %s, trust %s)\n", c.ID, c.ExpiresAt.Format(time.RFC3339), usesText(c.MaxUses), c.Pool, c.Role, c.Trust)
 			if len(c.Endpoints) > 1 {
 				fmt.Fprintf(w, "endpoints  %s\n", strings.Join(c.Endpoints, " "))
+			}
+			if c.Description != "" {
+				fmt.Fprintf(w, "description %s\n", c.Description)
+			}
+			if len(c.Labels) > 0 {
+				fmt.Fprintf(w, "labels     %s\n", labelsText(c.Labels))
 			}
 			if c.RequireApproval {
 				fmt.Fprintln(w, "approval   required: compare the 6-digit SAS each machine prints, then `stratum-listener joins approve ID --sas DIGITS`")
@@ -316,14 +328,20 @@ func codesCommand() *cobra.Command {
 	create.Flags().StringVar(&expect.EKHash, "expect-ek", "", "pin to the TPM with this endorsement key SHA-256 (stratum-agent tpm ek prints it); attested, not claimed")
 	create.Flags().BoolVar(&req.AllowReclaim, "allow-reclaim", false, "let a machine that is already joined join again, keeping its node id")
 	create.Flags().StringVar(&req.Hosted, "hosted", "", "kubernetes: the agent runs as a DaemonSet (tenant-controlled trust)")
+	create.Flags().StringVar(&req.Description, "description", "", "a note for operators (at most 256 characters), shown by codes list and show")
+	create.Flags().StringArrayVar(&createLabels, "label", nil, "a KEY=VALUE label (repeatable, at most 16); codes list --label filters by it")
 
 	var all bool
+	var listLabels []string
 	list := &cobra.Command{
 		Use: "list", Short: "list join codes (live ones unless --all)", Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			codes, err := client().Codes(cmd.Context())
-			if err != nil {
+			if _, err := parseLabels(listLabels); err != nil {
 				return err
+			}
+			codes, err := client().Codes(cmd.Context(), listLabels...)
+			if err != nil {
+				return inFlagTerms(err, codeFlags)
 			}
 			if !all {
 				live := codes[:0]
@@ -338,14 +356,15 @@ func codesCommand() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"items": codes})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSELECTOR\tSTATE\tUSES\tFAILED\tPOOL\tEXPIRES")
+			fmt.Fprintln(tw, "ID\tSELECTOR\tSTATE\tUSES\tFAILED\tPOOL\tEXPIRES\tLABELS\tDESCRIPTION")
 			for _, c := range codes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, relTime(c.ExpiresAt, time.Now()))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\t%d\t%s\t%s\t%s\t%s\n", c.ID, c.Selector, c.State, c.Uses, usesText(c.MaxUses), c.FailedAttempts, c.Pool, relTime(c.ExpiresAt, time.Now()), orDash(labelsText(c.Labels)), orDash(c.Description))
 			}
 			return tw.Flush()
 		},
 	}
 	list.Flags().BoolVar(&all, "all", false, "include expired and revoked codes")
+	list.Flags().StringArrayVar(&listLabels, "label", nil, "only codes with this KEY=VALUE label (repeatable: all must match)")
 	show := &cobra.Command{
 		Use: "show ID", Short: "show one join code", Args: args(1),
 		RunE: func(cmd *cobra.Command, a []string) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/stratumjoin/stratum/listener/adminapi"
@@ -23,6 +24,9 @@ var codeFlags = map[string]string{
 	"expect.mac":         "--expect-mac",
 	"expect.gpuUuid":     "--expect-gpu-uuid",
 	"expect.ekHash":      "--expect-ek",
+	"description":        "--description",
+	"labels":             "--label",
+	"label":              "--label",
 }
 
 // inFlagTerms turns the API's refusal of invalid input into a usage error
@@ -36,6 +40,9 @@ func inFlagTerms(err error, flags map[string]string) error {
 	b.WriteString("invalid flags:")
 	for _, f := range p.Errors {
 		name, ok := flags[f.Field]
+		if key, isLabel := strings.CutPrefix(f.Field, "labels."); !ok && isLabel {
+			name, ok = flags["labels"]+" "+key, true
+		}
 		if !ok {
 			name = f.Field
 		}
@@ -49,4 +56,38 @@ func inFlagTerms(err error, flags map[string]string) error {
 		fmt.Fprintf(&b, "\n  %s: %s", name, msg)
 	}
 	return usageError{errors.New(b.String())}
+}
+
+// parseLabels reads repeated --label KEY=VALUE flags; the listener checks
+// the keys and values, this only the shape.
+func parseLabels(flags []string) (map[string]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(flags))
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("--label %q: want KEY=VALUE", f)}
+		}
+		if _, dup := out[k]; dup {
+			return nil, usageError{fmt.Errorf("--label %s given twice", k)}
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// labelsText is labels as k=v,k=v in key order.
+func labelsText(labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + labels[k]
+	}
+	return strings.Join(parts, ",")
 }

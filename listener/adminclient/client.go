@@ -201,9 +201,15 @@ func (c *Client) ResetAttempts(ctx context.Context, id string) (adminapi.Code, e
 }
 
 // Codes lists join codes, newest first.
-func (c *Client) Codes(ctx context.Context) ([]adminapi.Code, error) {
+//
+// With labels (each KEY=VALUE), only the codes that carry all of them.
+func (c *Client) Codes(ctx context.Context, labels ...string) ([]adminapi.Code, error) {
 	var out items[adminapi.Code]
-	err := c.Do(ctx, http.MethodGet, "/v1/admin/cluster/join-codes", nil, &out)
+	path := "/v1/admin/cluster/join-codes"
+	if len(labels) > 0 {
+		path += "?" + url.Values{"label": labels}.Encode()
+	}
+	err := c.Do(ctx, http.MethodGet, path, nil, &out)
 	return out.Items, err
 }
 
