@@ -77,10 +77,10 @@ type Identity struct {
 	NotAfter      time.Time `json:"notAfter"`
 	RenewAfter    time.Time `json:"renewAfter"`
 	JoinedAt      time.Time `json:"joinedAt"`
-	// LastRenewal and LastError are always written (null, ""), so
-	// `status --json` readers need not test for missing keys.
-	LastRenewal *time.Time `json:"lastRenewal"`
-	LastError   string     `json:"lastError"`
+	// LastRenewal and LastError are left out until there is one: an
+	// absent value is never null or "" (docs/operations.md#json-output).
+	LastRenewal *time.Time `json:"lastRenewal,omitempty"`
+	LastError   string     `json:"lastError,omitempty"`
 	Host        *wire.Host `json:"host,omitempty"`
 	// TPM locates the TPM that holds the node key; "" for a key file.
 	TPM string `json:"tpm,omitempty"`

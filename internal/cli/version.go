@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -19,10 +20,11 @@ var (
 
 // BuildInfo is what `--version` and `version --json` print.
 type BuildInfo struct {
-	Module    string `json:"module"`
-	Version   string `json:"version"`
-	Commit    string `json:"commit"`
-	Date      string `json:"date"`
+	Module  string `json:"module,omitempty"`
+	Version string `json:"version"`
+	Commit  string `json:"commit"`
+	// Date is RFC 3339 in UTC, left out when the build has none.
+	Date      string `json:"date,omitempty"`
 	Modified  bool   `json:"modified"`
 	GoVersion string `json:"goVersion"`
 	Platform  string `json:"platform"`
@@ -32,7 +34,7 @@ type BuildInfo struct {
 // Build returns this binary's build information: the link-time values
 // when set, else what the Go toolchain stamped (module version, vcs.*).
 func Build() BuildInfo {
-	b := BuildInfo{Version: "unknown", Commit: "unknown", Date: "unknown", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	b := BuildInfo{Version: "unknown", Commit: "unknown", GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		b.Module = info.Main.Path
 		if v := info.Main.Version; v != "" && v != "(devel)" {
@@ -60,11 +62,25 @@ func Build() BuildInfo {
 	if date != "" {
 		b.Date = date
 	}
+	b.Date = utcTime(b.Date)
 	return b
 }
 
+// utcTime is an RFC 3339 time in UTC, or "" when s is none.
+func utcTime(s string) string {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
 func (b BuildInfo) String() string {
-	s := fmt.Sprintf("%s (commit %s, %s, %s %s", b.Version, b.Commit, b.Date, b.GoVersion, b.Platform)
+	date := b.Date
+	if date == "" {
+		date = "date unknown"
+	}
+	s := fmt.Sprintf("%s (commit %s, %s, %s %s", b.Version, b.Commit, date, b.GoVersion, b.Platform)
 	if b.Modified {
 		s += ", modified"
 	}

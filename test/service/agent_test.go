@@ -115,7 +115,7 @@ func TestAgentServiceLifecycle(t *testing.T) {
 		t.Errorf("renewed %s after READY; want about 4s (2/3 of 6s ± 1/12)", after)
 	}
 	st := agentStatus(t, state)
-	if st["nodeId"] != id.NodeID || st["lastRenewal"] == nil || st["lastError"] != "" || st["role"] != "node" || st["trust"] != "platform" ||
+	if st["nodeId"] != id.NodeID || st["lastRenewal"] == nil || st["lastError"] != nil || st["role"] != "node" || st["trust"] != "platform" ||
 		st["endpoint"] != l.Endpoint || st["caFingerprint"] != code.CAFingerprint || st["notAfter"] == nil {
 		t.Fatalf("status --json after the renewal: %v", st)
 	}
