@@ -548,7 +548,7 @@ func leaveCommand() *cobra.Command {
 		Long: `leave asks the listener, over mutual TLS under this node's certificate, to
 revoke the node (as "stratum-listener nodes revoke" would), and once it has,
 removes the node's key (or its TPM blobs), certificate, ca.pem and node.json.
-Stop the service first (systemctl stop stratum-agent), or it joins again.
+Stop the service first (systemctl stop stratum-agent), or it tries to join again.
 Exit status: 0 left, 1 refused (nothing wiped), 3 unreachable (nothing wiped).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
