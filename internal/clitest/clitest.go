@@ -6,9 +6,9 @@ package clitest
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"os/exec"
 	"strconv"
-	"net"
 	"strings"
 	"time"
 
