@@ -198,7 +198,10 @@ func TestRunRenewsBeforeExpiryOutOfStep(t *testing.T) {
 
 	// Half the life passes at once: nobody renews that early.
 	clock.Advance(life / 2)
-	time.Sleep(50 * time.Millisecond)
+	// settled, not slept: every agent is asleep on its timer again (none
+	// is due before 7/12 of the life), so any renewal it would start has
+	// been started
+	clock.waitWaiters(t, agents)
 	for i, a := range as {
 		if a.notes.count("STATUS renewing") != 0 || a.identity(t).LastRenewal != nil {
 			t.Fatalf("agent %d renewed at half its certificate's life", i)
