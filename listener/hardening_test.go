@@ -221,7 +221,7 @@ func TestStalledConnectionsShutOutNoOne(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the attack never filled its share: %+v", l.ConnStats())
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling for the share above
 	}
 	during := l.ConnStats()
 	if _, _, err := joinFrom(t, l, honestSource, sec); err != nil {
@@ -236,7 +236,7 @@ func TestStalledConnectionsShutOutNoOne(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the attack's dials did not end: %d refused, %d held", refused.Load(), lenHeld(&mu, &held))
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling for the condition above
 	}
 	wg.Wait()
 	if st := l.ConnStats(); st.PerSource["127.0.0.1"] > 64 {
@@ -287,7 +287,7 @@ func TestJoinFloodLeavesRenewalsTheirSlots(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("join slots not held: %+v", l.ConnStats())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling for the condition above
 	}
 	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: 2 * time.Second})
 	var unreachable *agent.UnreachableError

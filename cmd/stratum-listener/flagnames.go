@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 )
@@ -55,7 +56,7 @@ func inFlagTerms(err error, flags map[string]string) error {
 		}
 		fmt.Fprintf(&b, "\n  %s: %s", name, msg)
 	}
-	return usageError{errors.New(b.String())}
+	return cli.Usage(errors.New(b.String()))
 }
 
 // parseLabels reads repeated --label KEY=VALUE flags; the listener checks
