@@ -538,7 +538,7 @@ Exit status: 0 left, 1 refused (nothing wiped), 3 unreachable (nothing wiped).`,
 			if err != nil {
 				var refused *agent.RefusedError
 				if errors.As(err, &refused) && !refused.Retryable() {
-					return &exitError{cli.ExitRefused, fmt.Errorf("leave refused: %s (%s); the state directory was left as it was", refused.Message, refused.Code)}
+					return cli.Exit(cli.ExitRefused, fmt.Errorf("leave refused: %s (%s); the state directory was left as it was", refused.Message, refused.Code))
 				}
 				var unreachable *agent.UnreachableError
 				if errors.As(err, &unreachable) {
@@ -547,7 +547,7 @@ Exit status: 0 left, 1 refused (nothing wiped), 3 unreachable (nothing wiped).`,
 				return explain(err, id.Endpoint)
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), map[string]string{"nodeId": id.NodeID, "status": "left", "stateDir": stateDir})
+				return cli.PrintJSON(cmd.OutOrStdout(), map[string]string{"nodeId": id.NodeID, "status": "left", "stateDir": stateDir})
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s left the cluster: its certificate is revoked and %s is wiped\n", id.NodeID, stateDir)
 			return nil

@@ -69,10 +69,10 @@ func parseLabels(flags []string) (map[string]string, error) {
 	for _, f := range flags {
 		k, v, ok := strings.Cut(f, "=")
 		if !ok || k == "" {
-			return nil, usageError{fmt.Errorf("--label %q: want KEY=VALUE", f)}
+			return nil, cli.Usage(fmt.Errorf("--label %q: want KEY=VALUE", f))
 		}
 		if _, dup := out[k]; dup {
-			return nil, usageError{fmt.Errorf("--label %s given twice", k)}
+			return nil, cli.Usage(fmt.Errorf("--label %s given twice", k))
 		}
 		out[k] = v
 	}
