@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"testing"
 	"time"
 
@@ -65,6 +66,12 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 	if err != nil {
 		return out, err
 	}
+	return r.exchange(str, exp)
+}
+
+// exchange is the join over one stream whose channel binding is exp.
+func (r rawJoin) exchange(str io.ReadWriter, exp []byte) (rawOutcome, error) {
+	var out rawOutcome
 	login, ke1, err := pake.Start(wire.BindingContext(exp), r.Secret.Locator, r.Secret.Password())
 	if err != nil {
 		return out, err
