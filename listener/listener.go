@@ -283,9 +283,6 @@ func (l *Listener) Cluster() *cluster.Cluster { return l.cluster }
 // Settings returns the pinned settings.
 func (l *Listener) Settings() Settings { return l.settings }
 
-// Addr is the QUIC address once Run listens.
-func (l *Listener) Addr() net.Addr { return l.addr }
-
 func (l *Listener) loadCA() error {
 	ca, err := l.keys.LoadCA()
 	if err != nil {
