@@ -92,7 +92,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	if err != nil {
 		return wire.CloseProtocol, fmt.Errorf("respond: %w", err)
 	}
-	if h := l.cfg.Hooks.Challenge; h != nil {
+	if h := l.cfg.hooks.Challenge; h != nil {
 		h(hello.Locator, record != nil, att.Counted)
 	}
 	if err := wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: caChain, KSF: ksf}); err != nil {
@@ -113,7 +113,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		l.endLease(att, !refusedKE2)
 		return wire.CloseNotProof, fmt.Errorf("read proof: %w", err)
 	}
-	if h := l.cfg.Hooks.Proof; h != nil {
+	if h := l.cfg.hooks.Proof; h != nil {
 		h(hello.Locator)
 	}
 	rep.phase("proof")

@@ -86,8 +86,8 @@ type Config struct {
 	RenewGrace time.Duration
 	// Ready is called once the store is open and the sockets listen.
 	Ready func(addr net.Addr)
-	// Hooks observe the protocol in tests.
-	Hooks Hooks
+	// hooks observe the protocol in tests (export_test.go sets them).
+	hooks hooks
 	// Registry is the inventory of tenants, sites, pools, networks and
 	// roles the admin API mints against; nil means registry.Default().
 	Registry *registry.Registry
@@ -120,8 +120,8 @@ type Config struct {
 // DefaultStoreTimeout is Config.StoreTimeout's default.
 const DefaultStoreTimeout = 5 * time.Second
 
-// Hooks are test observation points; all optional.
-type Hooks struct {
+// hooks are test observation points; all optional.
+type hooks struct {
 	// Challenge is called as each Challenge is sent: real says whether
 	// it was computed from a stored record (not a fake one), counted
 	// whether the attempt was counted.
