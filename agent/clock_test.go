@@ -72,6 +72,6 @@ func (c *fakeClock) waitWaiters(t *testing.T, n int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d timers pending after 30s, want %d", got, n)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polling for the timers above
 	}
 }

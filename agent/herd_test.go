@@ -59,7 +59,7 @@ func TestRunHerdAgainstListenerThatIsDown(t *testing.T) {
 		}))
 	}
 
-	time.Sleep(downed)
+	time.Sleep(downed) // the listener is down this long: the outage the agents back off through
 	pc, err := net.ListenPacket("udp", endpoint)
 	if err != nil {
 		t.Fatal(err)

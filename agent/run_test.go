@@ -77,7 +77,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling for cond
 	}
 }
 
@@ -198,7 +198,10 @@ func TestRunRenewsBeforeExpiryOutOfStep(t *testing.T) {
 
 	// Half the life passes at once: nobody renews that early.
 	clock.Advance(life / 2)
-	time.Sleep(50 * time.Millisecond)
+	// settled, not slept: every agent is asleep on its timer again (none
+	// is due before 7/12 of the life), so any renewal it would start has
+	// been started
+	clock.waitWaiters(t, agents)
 	for i, a := range as {
 		if a.notes.count("STATUS renewing") != 0 || a.identity(t).LastRenewal != nil {
 			t.Fatalf("agent %d renewed at half its certificate's life", i)

@@ -61,7 +61,7 @@ func TestWatchdogPingsFromTheServiceLoop(t *testing.T) {
 		}
 		go func() { done <- agent.Run(ctx, cfg) }()
 
-		time.Sleep(10*time.Minute + time.Second)
+		time.Sleep(10*time.Minute + time.Second) // fake time (synctest): ten minutes of the loop
 		synctest.Wait()
 		cancel()
 		if err := <-done; err != nil {
@@ -85,7 +85,7 @@ func TestWatchdogPingsFromTheServiceLoop(t *testing.T) {
 			prev = p
 		}
 		// Run has returned: nothing pings any more
-		time.Sleep(5 * time.Minute)
+		time.Sleep(5 * time.Minute) // fake time (synctest): every goroutine has ended, so nothing can ping
 		mu.Lock()
 		defer mu.Unlock()
 		if len(pings) != len(got) {

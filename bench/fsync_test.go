@@ -72,7 +72,7 @@ func BenchmarkJoinDurableWrites(b *testing.B) {
 	if err := tracer.Start(); err != nil {
 		b.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // let strace attach to every thread before the wave
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 10)
 	for i := joinsN; i < 2*joinsN; i++ {

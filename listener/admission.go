@@ -214,7 +214,7 @@ func (l *Listener) refundProven(ctx context.Context) {
 func (l *Listener) warnOverBudget(src netip.Addr) {
 	a := &l.adm
 	a.refundMu.Lock()
-	now := time.Now()
+	now := l.now()
 	if a.warned == nil {
 		a.warned = map[netip.Addr]time.Time{}
 	}

@@ -31,7 +31,7 @@ func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
 		if time.Since(start) > 30*time.Second {
 			t.Fatalf("%s: not after 30s", what)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling for cond
 	}
 	return time.Since(start)
 }

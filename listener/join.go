@@ -163,7 +163,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 			return wire.CloseProtocol, fmt.Errorf("tpm attestation: %w", err)
 		}
 	}
-	deadline := time.Now().Add(approvalMaxAge)
+	deadline := l.now().Add(approvalMaxAge) // Config.Now: tests move it
 	// While pending, stop polling as soon as the agent is gone: it comes
 	// back with the same key and continues the join on a new connection.
 	waitCtx := ctx
@@ -197,7 +197,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		// may not have been counted: a code whose last use it holds is no
 		// longer live); later rounds only poll.
 		if !announced {
-			pendingFor := int64(time.Until(deadline) / time.Second)
+			pendingFor := int64(deadline.Sub(l.now()) / time.Second)
 			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, SAS: out.Join.SAS, PendingFor: pendingFor, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
 				return wire.CloseProtocol, err
 			}
@@ -246,7 +246,7 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 			return ctx.Err()
 		case <-t.C:
 		}
-		if time.Now().After(deadline) {
+		if l.now().After(deadline) {
 			return errors.New("approval timed out")
 		}
 		j, err := l.cluster.Join(ctx, joinID)

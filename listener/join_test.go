@@ -490,8 +490,16 @@ func TestMaxConnectionsRefusesBeyondTheBound(t *testing.T) {
 		t.Fatalf("a connection past the bound: %v, want it refused", joinErr)
 	}
 	held.CloseWithError(0, "")
-	time.Sleep(100 * time.Millisecond)
-	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
-		t.Fatalf("join once the held connection is gone: %v", err)
+	// the listener frees the slot when it sees the close: poll for the
+	// join to succeed rather than sleep and hope
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, _, err := join(t, l, sec, wire.Facts{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("join once the held connection is gone: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling for the join above
 	}
 }

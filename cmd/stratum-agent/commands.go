@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,25 +25,15 @@ import (
 	"github.com/stratumjoin/stratum/systemd"
 )
 
-// exitError carries an exit status.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
-
 func usage(format string, a ...any) error {
-	return &exitError{2, fmt.Errorf(format, a...)}
+	return cli.Usage(fmt.Errorf(format, a...))
 }
 
 // exitCode is the exit contract (docs/operations.md): 2 usage or a cause
 // no retry fixes on this machine, 1 refused for good, 3 transient.
 func exitCode(err error) int {
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
+	if code, ok := cli.ExitCode(err); ok {
+		return code
 	}
 	var unreachable *agent.UnreachableError
 	if errors.As(err, &unreachable) {
@@ -69,12 +58,12 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return cli.Exit(cli.ExitUsage, err) })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
 	root.AddCommand(joinCommand(), runCommand(), hwidCommand(), statusCommand(), tpmCommand(), renewCommand())
 	cli.AddVersion(root, &jsonOut)
 	cli.AddDocs(root)
-	cli.RequireSubcommands(root, func(err error) error { return &exitError{cli.ExitUsage, err} })
+	cli.RequireSubcommands(root, func(err error) error { return cli.Exit(cli.ExitUsage, err) })
 	return root
 }
 
@@ -204,7 +193,7 @@ func joinCommand() *cobra.Command {
 			if err != nil {
 				shown := explainKind(err, cfg.Endpoint, sec.Kind.String())
 				if jsonOut {
-					_ = printJSON(cmd.OutOrStdout(), refusalView(err, shown, sec))
+					_ = cli.PrintJSON(cmd.OutOrStdout(), refusalView(err, shown, sec))
 				}
 				return shown
 			}
@@ -254,25 +243,25 @@ func explainKind(err error, endpoint, kind string) error {
 	var unreachable *agent.UnreachableError
 	switch {
 	case errors.Is(err, agent.ErrNeedsNewCode):
-		return &exitError{1, err}
+		return cli.Exit(cli.ExitRefused, err)
 	case errors.Is(err, agent.ErrGaveUp):
-		return &exitError{1, err}
+		return cli.Exit(cli.ExitRefused, err)
 	case errors.Is(err, agent.ErrNotAccepted):
-		return &exitError{1, fmt.Errorf("%s not accepted, or the listener is not authentic; check the %s and the endpoint", kind, kind)}
+		return cli.Exit(cli.ExitRefused, fmt.Errorf("%s not accepted, or the listener is not authentic; check the %s and the endpoint", kind, kind))
 	case errors.Is(err, agent.ErrNotAuthentic):
-		return &exitError{1, err}
+		return cli.Exit(cli.ExitRefused, err)
 	case errors.As(err, &refused):
 		if refused.Retryable() {
 			if refused.RetryAfter > 0 {
-				return &exitError{3, fmt.Errorf("%s (retry in %s)", refused.Message, refused.RetryAfter)}
+				return cli.Exit(cli.ExitTransient, fmt.Errorf("%s (retry in %s)", refused.Message, refused.RetryAfter))
 			}
-			return &exitError{3, fmt.Errorf("%s; try again later", refused.Message)}
+			return cli.Exit(cli.ExitTransient, fmt.Errorf("%s; try again later", refused.Message))
 		}
-		return &exitError{1, fmt.Errorf("join refused: %s", refused.Message)}
+		return cli.Exit(cli.ExitRefused, fmt.Errorf("join refused: %s", refused.Message))
 	case errors.As(err, &unreachable):
-		return &exitError{3, fmt.Errorf("%s: %w", endpoint, err)}
+		return cli.Exit(cli.ExitTransient, fmt.Errorf("%s: %w", endpoint, err))
 	case errors.Is(err, fs.ErrPermission):
-		return &exitError{cli.ExitUsage, fmt.Errorf("%w: run as root, or give --state a directory this user may write", err)}
+		return cli.Exit(cli.ExitUsage, fmt.Errorf("%w: run as root, or give --state a directory this user may write", err))
 	}
 	return err
 }
@@ -307,16 +296,9 @@ func refusalView(err, shown error, sec joincode.Secret) refusal {
 	return r
 }
 
-// printJSON is every --json output: indented, one value.
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 func printJoined(w io.Writer, stateDir string, id agent.Identity) error {
 	if jsonOut {
-		return printJSON(w, id)
+		return cli.PrintJSON(w, id)
 	}
 	fmt.Fprintf(w, "joined as %s (role %s, trust %s)\n", id.NodeID, id.Role, id.Trust)
 	fmt.Fprintf(w, "pinned CA  %s\n", id.CAFingerprint)
@@ -337,7 +319,7 @@ func hwidCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), rep)
+				return cli.PrintJSON(cmd.OutOrStdout(), rep)
 			}
 			return rep.WriteText(cmd.OutOrStdout())
 		},
@@ -367,17 +349,17 @@ func statusCommand() *cobra.Command {
 					if pending {
 						v["pending"] = p
 					}
-					return printJSON(cmd.OutOrStdout(), v)
+					return cli.PrintJSON(cmd.OutOrStdout(), v)
 				}
 				if pending {
 					fmt.Fprintf(cmd.OutOrStdout(), "not joined: join %s (with a %s) waits for approval; SAS %s\n", p.JoinID, p.Kind, p.SAS)
 				} else {
 					fmt.Fprintf(cmd.OutOrStdout(), "not joined (no identity in %s)\n", stateDir)
 				}
-				return &exitError{1, errors.New("not joined")}
+				return cli.Exit(cli.ExitRefused, errors.New("not joined"))
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), statusView{Joined: true, Identity: id})
+				return cli.PrintJSON(cmd.OutOrStdout(), statusView{Joined: true, Identity: id})
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "node         %s\nrole         %s\ntrust        %s\nendpoint     %s\npinned CA    %s\ncert expires %s\n", id.NodeID, id.Role, id.Trust, id.Endpoint, id.CAFingerprint, id.NotAfter.Format(time.RFC3339))
@@ -524,12 +506,12 @@ func renewCommand() *cobra.Command {
 				}
 				var refused *agent.RefusedError
 				if errors.As(err, &refused) && !refused.Retryable() {
-					return &exitError{cli.ExitRefused, fmt.Errorf("renewal refused: %s: join again with a new code", refused.Message)}
+					return cli.Exit(cli.ExitRefused, fmt.Errorf("renewal refused: %s: join again with a new code", refused.Message))
 				}
 				return explain(err, id.Endpoint)
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), id)
+				return cli.PrintJSON(cmd.OutOrStdout(), id)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "renewed %s: certificate valid until %s\n", id.NodeID, id.NotAfter.Format(time.RFC3339))
 			return nil

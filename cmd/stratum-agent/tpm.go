@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/tpm"
 )
 
@@ -91,7 +92,7 @@ func tpmCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"tpm": loc, "ekHash": h, "ekCertificate": cert != nil})
+				return cli.PrintJSON(cmd.OutOrStdout(), map[string]any{"tpm": loc, "ekHash": h, "ekCertificate": cert != nil})
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), h)
 			if cert == nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 )
@@ -28,13 +29,13 @@ func apikeysCommand() *cobra.Command {
 		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if req.Tenant == "" {
-				return usageError{fmt.Errorf("--tenant is required")}
+				return cli.Usage(fmt.Errorf("--tenant is required"))
 			}
 			req.Grants = nil
 			for _, g := range grants {
 				action, resource, ok := strings.Cut(g, "@")
 				if !ok || action == "" || resource == "" {
-					return usageError{fmt.Errorf("--grant %q: write ACTION@RESOURCE, e.g. %s@compute-pool/*", g, adminapi.ActionCreateJoinToken)}
+					return cli.Usage(fmt.Errorf("--grant %q: write ACTION@RESOURCE, e.g. %s@compute-pool/*", g, adminapi.ActionCreateJoinToken))
 				}
 				req.Grants = append(req.Grants, cluster.Grant{Action: action, Resource: resource})
 			}
@@ -44,7 +45,7 @@ func apikeysCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), k)
+				return cli.PrintJSON(cmd.OutOrStdout(), k)
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "api key  %s\nid       %s\ntenant   %s\n", k.Key, k.ID, k.Tenant)
@@ -75,7 +76,7 @@ func apikeysCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"items": keys})
+				return cli.PrintJSON(cmd.OutOrStdout(), map[string]any{"items": keys})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tTENANT\tSTATE\tGRANTS\tSCOPES\tCREATED")
@@ -97,7 +98,7 @@ func apikeysCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), k)
+				return cli.PrintJSON(cmd.OutOrStdout(), k)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked api key %s at %s\n", k.ID, k.RevokedAt.Format(time.RFC3339))
 			return nil
@@ -117,7 +118,7 @@ func registryCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), reg)
+				return cli.PrintJSON(cmd.OutOrStdout(), reg)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "TENANT\tJOIN KEYS\tREQUESTS/S\tBURST")

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -31,8 +30,6 @@ import (
 	"github.com/stratumjoin/stratum/systemd"
 )
 
-type usageError struct{ error }
-
 var (
 	jsonOut     bool
 	adminSocket string
@@ -45,34 +42,28 @@ func rootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return cli.Usage(err) })
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print JSON")
 	root.PersistentFlags().DurationVar(&adminTimeout, "timeout", 30*time.Second, "how long an admin command waits for the listener's answer")
 	root.PersistentFlags().StringVar(&adminSocket, "admin-socket", adminclient.SocketFromEnv(), "the listener's admin unix socket (or set STRATUM_ADMIN_SOCKET)")
 	root.AddCommand(initCommand(), serveCommand(), codesCommand(), storeCommand(), joinsCommand(), nodesCommand(), caCommand(), eventsCommand(), apikeysCommand(), registryCommand())
 	// every flag also from STRATUM_<FLAG> (the unit's listener.env)
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		return cli.FlagsFromEnv(cmd, func(err error) error { return usageError{err} })
+		return cli.FlagsFromEnv(cmd, func(err error) error { return cli.Usage(err) })
 	}
 	cli.AddVersion(root, &jsonOut)
 	cli.AddDocs(root)
-	cli.RequireSubcommands(root, func(err error) error { return usageError{err} })
+	cli.RequireSubcommands(root, func(err error) error { return cli.Usage(err) })
 	return root
 }
 
 func args(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
 		if len(a) != n {
-			return usageError{fmt.Errorf("%s takes %d argument(s)", cmd.CommandPath(), n)}
+			return cli.Usage(fmt.Errorf("%s takes %d argument(s)", cmd.CommandPath(), n))
 		}
 		return nil
 	}
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // adminTimeout bounds each admin request (--timeout).
@@ -92,15 +83,15 @@ func initCommand() *cobra.Command {
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.DataDir == "" {
-				return usageError{fmt.Errorf("--data is required")}
+				return cli.Usage(fmt.Errorf("--data is required"))
 			}
 			for _, ep := range cfg.Endpoints {
 				if _, err := wire.Endpoint(ep); err != nil {
-					return usageError{fmt.Errorf("--endpoint: %w", err)}
+					return cli.Usage(fmt.Errorf("--endpoint: %w", err))
 				}
 			}
 			if cfg.Join && (caCert != "" || light || codeKSF != "" || cmd.Flags().Changed("node-lifetime")) {
-				return usageError{fmt.Errorf("--join takes the cluster's CA and settings: --ca-cert, --light-ksf, --code-ksf and --node-lifetime do not apply")}
+				return cli.Usage(fmt.Errorf("--join takes the cluster's CA and settings: --ca-cert, --light-ksf, --code-ksf and --node-lifetime do not apply"))
 			}
 			if cfg.Join && !cmd.Flags().Changed("trust-domain") {
 				cfg.TrustDomain = ""
@@ -112,7 +103,7 @@ func initCommand() *cobra.Command {
 				}
 			}
 			if (caCert == "") != (caKey == "") {
-				return usageError{fmt.Errorf("--ca-cert and --ca-key go together")}
+				return cli.Usage(fmt.Errorf("--ca-cert and --ca-key go together"))
 			}
 			if caCert != "" {
 				var err error
@@ -124,7 +115,7 @@ func initCommand() *cobra.Command {
 				}
 			}
 			if light && codeKSF != "" {
-				return usageError{fmt.Errorf("--light-ksf and --code-ksf go alone")}
+				return cli.Usage(fmt.Errorf("--light-ksf and --code-ksf go alone"))
 			}
 			if light {
 				cfg.KSF = pake.LightestKSF
@@ -132,7 +123,7 @@ func initCommand() *cobra.Command {
 			if codeKSF != "" {
 				p, err := parseKSF(codeKSF)
 				if err != nil {
-					return usageError{fmt.Errorf("--code-ksf: %w", err)}
+					return cli.Usage(fmt.Errorf("--code-ksf: %w", err))
 				}
 				cfg.KSF = p
 			}
@@ -151,7 +142,7 @@ func initCommand() *cobra.Command {
 			fp := ca.Fingerprint()
 			out := map[string]string{"dataDir": cfg.DataDir, "caFingerprint": pki.FormatFingerprint(fp), "subject": ca.Cert().Subject.String()}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), out)
+				return cli.PrintJSON(cmd.OutOrStdout(), out)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "initialized %s\nCA %s\nCA fingerprint (SHA-256) %s\n", cfg.DataDir, out["subject"], out["caFingerprint"])
 			return nil
@@ -182,11 +173,11 @@ func serveCommand() *cobra.Command {
 		Args:  args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.DataDir == "" {
-				return usageError{fmt.Errorf("--data is required")}
+				return cli.Usage(fmt.Errorf("--data is required"))
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return usageError{fmt.Errorf("--log-level (or STRATUM_LOG_LEVEL): %w", err)}
+				return cli.Usage(fmt.Errorf("--log-level (or STRATUM_LOG_LEVEL): %w", err))
 			}
 			cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			cfg.AdminSocket = adminSocket
@@ -289,7 +280,7 @@ func codesCommand() *cobra.Command {
 				return inFlagTerms(err, codeFlags)
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), c)
+				return cli.PrintJSON(cmd.OutOrStdout(), c)
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "join code  %s\n", c.Code)
@@ -337,7 +328,7 @@ func codesCommand() *cobra.Command {
 				codes = live
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"items": codes})
+				return cli.PrintJSON(cmd.OutOrStdout(), map[string]any{"items": codes})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSELECTOR\tSTATE\tUSES\tFAILED\tPOOL\tEXPIRES")
@@ -355,7 +346,7 @@ func codesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printJSON(cmd.OutOrStdout(), c)
+			return cli.PrintJSON(cmd.OutOrStdout(), c)
 		},
 	}
 	revoke := &cobra.Command{
@@ -366,7 +357,7 @@ func codesCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), c)
+				return cli.PrintJSON(cmd.OutOrStdout(), c)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s at %s by %s\n", c.ID, c.RevokedAt.Format(time.RFC3339), c.RevokedBy)
 			return nil
@@ -380,7 +371,7 @@ func codesCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), c)
+				return cli.PrintJSON(cmd.OutOrStdout(), c)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: failed attempts now %d\n", c.ID, c.FailedAttempts)
 			return nil
@@ -407,7 +398,7 @@ func joinsCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"items": js})
+				return cli.PrintJSON(cmd.OutOrStdout(), map[string]any{"items": js})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tSAS\tCODE\tKEY SHA-256\tCLAIMED UUID\tCLAIMED HOSTNAME\tNODE")
@@ -425,7 +416,7 @@ func joinsCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), j)
+				return cli.PrintJSON(cmd.OutOrStdout(), j)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "join       %s\nstate      %s\nsas        %s\ncode       %s\nkey        %s\nclaimed    uuid %s, hostname %s\nnode       %s\n",
 				j.ID, j.State, orDash(j.SAS), j.SecretID, j.KeyFP, j.Facts.ProductUUID, j.Facts.Hostname, orDash(j.NodeID))
@@ -442,7 +433,7 @@ func joinsCommand() *cobra.Command {
 					return err
 				}
 				if jsonOut {
-					return printJSON(cmd.OutOrStdout(), j)
+					return cli.PrintJSON(cmd.OutOrStdout(), j)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "join %s %s\n", j.ID, j.State)
 				return nil
@@ -481,7 +472,7 @@ func nodesCommand() *cobra.Command {
 				}
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"items": ns})
+				return cli.PrintJSON(cmd.OutOrStdout(), map[string]any{"items": ns})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 2, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tROLE\tTRUST\tPOOL\tCLAIMED HOSTNAME\tCERT UNTIL")
@@ -502,7 +493,7 @@ func nodesCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), n)
+				return cli.PrintJSON(cmd.OutOrStdout(), n)
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "node     %s (%s)\nrole     %s\ntrust    %s\npool     %s\njoined   %s with %s\ncert     serial %s until %s\n", n.ID, n.State, n.Role, n.Trust, n.Pool, n.JoinedAt.Format(time.RFC3339), n.SecretID, n.CertSerial, n.NotAfter.Format(time.RFC3339))
@@ -533,7 +524,7 @@ func nodesCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), n)
+				return cli.PrintJSON(cmd.OutOrStdout(), n)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked node %s\n", n.ID)
 			return nil
@@ -547,7 +538,7 @@ func caCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "ca", Short: "show or rotate the cluster CA"}
 	show := func(cmd *cobra.Command, v adminapi.CAView) error {
 		if jsonOut {
-			return printJSON(cmd.OutOrStdout(), v)
+			return cli.PrintJSON(cmd.OutOrStdout(), v)
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "CA           %s\nfingerprint  %s\nvalid        %s to %s\ntrust domain %s\nendpoint     %s\n", v.Subject, v.Fingerprint, v.NotBefore.Format(time.RFC3339), v.NotAfter.Format(time.RFC3339), v.TrustDomain, v.Endpoint)
 		return nil
@@ -578,7 +569,7 @@ func caCommand() *cobra.Command {
 				return err
 			}
 			if jsonOut {
-				return printJSON(cmd.OutOrStdout(), v)
+				return cli.PrintJSON(cmd.OutOrStdout(), v)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "retired every root but %s; %d secrets minted under them revoked\n", v.Fingerprint, v.RevokedSecrets)
 			return nil
@@ -599,7 +590,7 @@ func eventsCommand() *cobra.Command {
 				if d, err := time.ParseDuration(since); err == nil {
 					from = time.Now().Add(-d)
 				} else if from, err = time.Parse(time.RFC3339, since); err != nil {
-					return usageError{fmt.Errorf("--since %q: give a duration (1h30m) or a time (2026-01-02T15:04:05Z)", since)}
+					return cli.Usage(fmt.Errorf("--since %q: give a duration (1h30m) or a time (2026-01-02T15:04:05Z)", since))
 				}
 			}
 			keep := func(ev cluster.Event) bool {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 )
@@ -48,5 +49,5 @@ func inFlagTerms(err error, flags map[string]string) error {
 		}
 		fmt.Fprintf(&b, "\n  %s: %s", name, msg)
 	}
-	return usageError{errors.New(b.String())}
+	return cli.Usage(errors.New(b.String()))
 }

@@ -26,9 +26,11 @@ import (
 // no restart fixes (its unit does not restart it), 1 refused for good, 3
 // transient.
 func exitCode(err error) int {
-	var u usageError
+	if code, ok := cli.ExitCode(err); ok {
+		return code
+	}
 	switch {
-	case errors.As(err, &u), errors.Is(err, listener.ErrNotInitialized), errors.Is(err, fs.ErrPermission):
+	case errors.Is(err, listener.ErrNotInitialized), errors.Is(err, fs.ErrPermission):
 		return cli.ExitUsage
 	case errors.Is(err, adminclient.ErrUnreachable), errors.Is(err, adminclient.ErrTimeout):
 		return cli.ExitTransient

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/store/etcdstore"
 )
 
@@ -49,7 +50,7 @@ func (f *etcdFlags) storeURL(raw string) (string, error) {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "etcd" && u.Scheme != "etcds") {
-		return "", usageError{fmt.Errorf("--etcd-* flags need --store etcds://host:port,... (got %q)", raw)}
+		return "", cli.Usage(fmt.Errorf("--etcd-* flags need --store etcds://host:port,... (got %q)", raw))
 	}
 	q := u.Query()
 	for _, kv := range [][2]string{{etcdstore.OptCACert, f.cacert}, {etcdstore.OptCert, f.cert}, {etcdstore.OptKey, f.key}, {etcdstore.OptUser, f.user}, {etcdstore.OptPasswordFile, f.passwordFile}} {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/store/boltstore"
 )
 
@@ -58,7 +59,7 @@ func storeCommand() *cobra.Command {
 		Args:  args(1),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if dataDir == "" {
-				return usageError{fmt.Errorf("--data is required")}
+				return cli.Usage(fmt.Errorf("--data is required"))
 			}
 			path := filepath.Join(dataDir, "state.db")
 			if err := boltstore.Restore(a[0], path); err != nil {

@@ -1,6 +1,7 @@
 // Package cli holds what both command lines share: the exit contract's
-// statuses, the check that a command group was given a known subcommand,
-// and version information from the build.
+// statuses and the error that carries one, --json printing, the check
+// that a command group was given a known subcommand, and version
+// information from the build.
 //
 // Exit statuses (docs/operations.md): 0 done; 1 refused for good; 2 usage
 // error, or a cause no restart can fix (a bad flag, an unknown command, a

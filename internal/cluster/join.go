@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
 
@@ -81,12 +83,12 @@ func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) 
 			if _, err := tx.get(secretKey("-")); err != nil {
 				return err
 			}
-			c.standIn(tx, now)
+			c.standIn(tx, now, nil)
 			return nil
 		}
 		att.Secret = s
 		if !s.Live(now) {
-			c.standIn(tx, now)
+			c.standIn(tx, now, s)
 			return nil
 		}
 		s.liveLeases(now)
@@ -194,11 +196,49 @@ func (c *Cluster) failedEvent(tx *txn, s *Secret) {
 // standIn makes the paths that count nothing (an unknown locator, an
 // inactive secret) cost what counting costs: one durable transaction of
 // the same shape. Sleeping for an estimate could not reproduce the
-// distribution of fsync times; a real write does. The key records when
-// the last unmatched attempt happened, which operators can watch.
-func (c *Cluster) standIn(tx *txn, now time.Time) {
-	tx.putString(keyUnmatched, now.Format(time.RFC3339Nano))
+// distribution of fsync times; a real write does. And the write is as
+// large as the live path's, built the same way: the live path decodes the
+// secret, adds a lease and encodes it again, so the stand-in decodes a
+// secret (the inactive one, or a template of the usual size for an
+// unknown locator), adds a lease and encodes it. A stand-in that wrote
+// only a time stamp was measurably faster (BenchmarkChallengeTiming: KS
+// distance 0.08 to 0.10 against live at 1,000 samples each). The key also
+// records when the last unmatched attempt happened, which operators can
+// watch.
+func (c *Cluster) standIn(tx *txn, now time.Time, s *Secret) {
+	var shape Secret
+	if s != nil {
+		shape = *s
+	} else if err := json.Unmarshal(standInTemplate, &shape); err != nil {
+		panic(fmt.Sprintf("cluster: stand-in template: %v", err)) // our own constant
+	}
+	shape.ModifiedAt = now
+	shape.Leases = append(slices.Clone(shape.Leases), Lease{ID: "stand-in", Until: now.Add(LeaseTime)})
+	tx.put(keyUnmatched, unmatchedAttempt{At: now, Shape: &shape})
 }
+
+// unmatchedAttempt is the stand-in record: when, and a secret-sized shape.
+type unmatchedAttempt struct {
+	At    time.Time `json:"at"`
+	Shape *Secret   `json:"shape"`
+}
+
+// standInTemplate is a join code's record of the usual size, which an
+// unknown locator's stand-in decodes and writes.
+var standInTemplate = func() []byte {
+	t := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	exp := t.Add(time.Hour)
+	b, err := json.Marshal(Secret{
+		ID: "jc-00000000", Kind: KindCode, Locator: "00", Record: make([]byte, pake.RecordSize),
+		KSF: pake.CodeKSF, CAFingerprint: strings.Repeat("00:", 31) + "00", Endpoint: "stand-in.invalid:9444",
+		Endpoints: []string{"stand-in.invalid:9444"}, Tenant: "default", Pool: "default", Role: RoleNode,
+		Trust: TrustPlatform, RequireApproval: true, CreatedBy: "uid:0", CreatedAt: t, ModifiedAt: t, ExpiresAt: &exp,
+	})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
 
 // Issuer signs a node certificate for nodeID with role; it is called
 // inside the transaction loop and its output only leaves once the

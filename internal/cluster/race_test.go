@@ -87,7 +87,7 @@ func TestAttemptCountingRace(t *testing.T) {
 						att, err := c.BeginAttempt(context.Background(), s.Locator)
 						if errors.Is(err, cluster.ErrBusy) {
 							busy.Add(1)
-							time.Sleep(time.Millisecond)
+							time.Sleep(time.Millisecond) // back off and try again, as a listener does while ErrBusy
 							continue
 						}
 						if err != nil {
@@ -140,7 +140,7 @@ func TestUsesRace(t *testing.T) {
 						if !errors.Is(err, cluster.ErrBusy) {
 							break
 						}
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // back off and try again, as a listener does while ErrBusy
 					}
 					if err != nil {
 						t.Error(err)

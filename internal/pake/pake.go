@@ -212,10 +212,16 @@ func (k *ServerKeys) Respond(bindingCtx, serverID []byte, locator string, ke1 []
 	if err != nil {
 		return nil, nil, fmt.Errorf("decode KE1: %w", err)
 	}
-	var rr *message.RegistrationRecord
+	// Both paths do the same work, so KE2's timing does not tell an unknown
+	// locator from a known one: derive the fake record (a scalar
+	// multiplication) and decode a serialised record (a point
+	// decompression) every time, whichever of the two answers.
+	fake := k.fakeRecord(locator)
 	if record == nil {
-		rr = k.fakeRecord(locator)
-	} else if rr, err = srv.Deserialize.RegistrationRecord(record); err != nil {
+		record = fake.Serialize()
+	}
+	rr, err := srv.Deserialize.RegistrationRecord(record)
+	if err != nil {
 		return nil, nil, fmt.Errorf("decode stored record: %w", err)
 	}
 	cr := &opaque.ClientRecord{RegistrationRecord: rr, CredentialIdentifier: []byte(locator), ClientIdentity: []byte(locator)}

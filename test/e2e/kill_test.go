@@ -71,7 +71,7 @@ func TestKillDuringStorm(t *testing.T) {
 		wg.Add(1)
 		go worker(raceSec, false)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // let the workers get exchanges in flight: the kill must cut some
 	l.kill()
 	close(stop)
 	cancel() // exchanges cut by the kill would otherwise wait for QUIC's idle timeout

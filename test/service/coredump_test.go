@@ -45,7 +45,7 @@ func init() {
 		}
 		held := sec.Password()
 		fmt.Println("holding", len(held))
-		time.Sleep(time.Minute)
+		time.Sleep(time.Minute) // the child holds the secret until the test kills it for its core
 		fmt.Println(len(held))
 		os.Exit(0)
 	}

@@ -47,7 +47,7 @@ func TestGroupCommitSharesOneCommit(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("queue holds %d, want %d", q, n)
 			}
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // polling for the queue length
 		}
 	}
 	waitQueued(0)
