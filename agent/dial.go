@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 // FailoverDelay is how long the agent waits for one listener's QUIC
@@ -76,7 +77,7 @@ func dialFirst(ctx context.Context, endpoints []string, delay time.Duration, dia
 				go func(n int) {
 					for range n {
 						if l := <-results; l.err == nil {
-							l.conn.CloseWithError(0, "")
+							l.conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "")
 						}
 					}
 				}(pending)

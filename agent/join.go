@@ -188,16 +188,16 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	}
 	cfg.Endpoints = endpointList(ep, endpointList(cfg.Endpoint, cfg.Endpoints))
 	cfg.Endpoint = ep
-	defer conn.CloseWithError(0, "")
+	defer conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "")
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends, or a stop while the join waits for approval would
 	// block on the read until the listener gives up.
-	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "") })
 	defer stop()
 	cs := conn.ConnectionState()
-	exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	exporter, err := wire.Exporter(cs.TLS)
 	if err != nil {
-		return nil, fmt.Errorf("tls exporter: %w", err)
+		return nil, err
 	}
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
@@ -222,7 +222,7 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 		}
 	}
 	if errors.Is(err, ErrNotAccepted) {
-		conn.CloseWithError(0x102, "")
+		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseNotProof), "")
 		n, ferr := st.failures(cfg.Secret.Locator)
 		if ferr == nil {
 			ferr = st.setFailures(cfg.Secret.Locator, n+1)
@@ -269,7 +269,7 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 	// linger in the heap for the life of the service
 	password := cfg.Secret.Password()
 	defer clear(password)
-	login, ke1, err := pake.StartSeeded(pake.BindingContext(exporter), cfg.Secret.Locator, password, claim.nonce)
+	login, ke1, err := pake.StartSeeded(wire.BindingContext(exporter), cfg.Secret.Locator, password, claim.nonce)
 	if err != nil {
 		return nil, err
 	}
@@ -281,13 +281,13 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		}
 	}
 	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: cfg.Secret.Locator, KE1: ke1, Attempt: claim.commit}); err != nil {
-		return nil, &UnreachableError{err}
+		return nil, streamError(err)
 	}
 	setDeadline(cfg.ResultTimeout)
 	var ch wire.Challenge
 	typ, body, err := wire.ReadFrame(str)
 	if err != nil {
-		return nil, &UnreachableError{err}
+		return nil, streamError(err)
 	}
 	if typ == wire.TypeResult {
 		// a start refused before any KE2 (its source spent its budget of
@@ -362,7 +362,7 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		proof.TPM = claimOf(cfg.attestation.Claim)
 	}
 	if err := wire.Write(str, proof); err != nil {
-		return nil, &UnreachableError{err}
+		return nil, streamError(err)
 	}
 	clear(password)
 	setDeadline(cfg.ResultTimeout)

@@ -47,14 +47,14 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 		return id, &localError{err}
 	}
 	if err := wire.Write(str, &wire.Renew{CSR: csr}); err != nil {
-		return id, &UnreachableError{err}
+		return id, streamError(err)
 	}
 	var res wire.Result
 	if err := wire.Read(str, &res); err != nil {
 		if errors.Is(err, wire.ErrFrame) {
 			return id, fmt.Errorf("listener sent a malformed result: %w", err)
 		}
-		return id, &UnreachableError{err}
+		return id, streamError(err)
 	}
 	if res.Status != wire.StatusJoined {
 		return id, refusal(&res)
@@ -188,10 +188,10 @@ func openNode(ctx context.Context, cfg *RenewConfig) (ns nodeSession, err error)
 	// The endpoint that answered is tried first next time.
 	id.Endpoints = endpointList(ep, endpointList(id.Endpoint, id.Endpoints))
 	id.Endpoint = ep
-	closers = append(closers, func() { conn.CloseWithError(0, "") })
+	closers = append(closers, func() { conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "") })
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends so that a stop interrupts a read in flight.
-	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "") })
 	closers = append(closers, func() { stop() })
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {

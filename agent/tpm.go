@@ -109,7 +109,7 @@ func readResult(str io.ReadWriter, att *tpm.Attestation, res *wire.Result) error
 			return fmt.Errorf("TPM attestation: %w", err)
 		}
 		if err := wire.Write(str, &wire.TPMAnswer{Secret: ans.Secret, CertifyInfo: ans.CertifyInfo, Signature: ans.Signature}); err != nil {
-			return &UnreachableError{err}
+			return streamError(err)
 		}
 		if typ, body, err = readFrame(str); err != nil {
 			return err
@@ -127,7 +127,7 @@ func readFrame(str io.Reader) (byte, []byte, error) {
 		return 0, nil, fmt.Errorf("listener sent a malformed result: %w", err)
 	}
 	if err != nil {
-		return 0, nil, &UnreachableError{err}
+		return 0, nil, streamError(err)
 	}
 	return typ, body, nil
 }

@@ -83,12 +83,12 @@ func runFloorServer() int {
 				return
 			}
 			cs := conn.ConnectionState()
-			exp, _ := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+			exp, _ := wire.Exporter(cs.TLS)
 			var hello wire.Hello
 			if wire.Read(str, &hello) != nil {
 				return
 			}
-			ke2, _, err := k.keys.Respond(pake.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, k.record)
+			ke2, _, err := k.keys.Respond(wire.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, k.record)
 			if err != nil {
 				return
 			}

@@ -51,12 +51,12 @@ func sweepStart(ctx context.Context, endpoint string, sec joincode.Secret) (bool
 	}
 	defer conn.CloseWithError(0, "")
 	cs := conn.ConnectionState()
-	exp, _ := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	exp, _ := wire.Exporter(cs.TLS)
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		return false, err
 	}
-	_, ke1, err := pake.Start(pake.BindingContext(exp), sec.Locator, sec.Password())
+	_, ke1, err := pake.Start(wire.BindingContext(exp), sec.Locator, sec.Password())
 	if err != nil {
 		return false, err
 	}

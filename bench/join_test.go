@@ -21,6 +21,7 @@ import (
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 func freeUDP(tb testing.TB) string {
@@ -54,7 +55,7 @@ func ksfTime(b *testing.B, p pake.KSFParams) time.Duration {
 	}
 	var d []time.Duration
 	for range 21 {
-		ctx := pake.BindingContext(make([]byte, 32))
+		ctx := wire.BindingContext(make([]byte, 32))
 		cl, ke1, _ := pake.Start(ctx, "AB", []byte("AB000000000"))
 		ke2, _, _ := k.Respond(ctx, fp, "AB", ke1, rec)
 		t0 := time.Now()

@@ -35,12 +35,12 @@ func challengeTime(ctx context.Context, endpoint string, sec joincode.Secret, pr
 	}
 	defer conn.CloseWithError(0, "")
 	cs := conn.ConnectionState()
-	exp, _ := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	exp, _ := wire.Exporter(cs.TLS)
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	login, ke1, err := pake.Start(pake.BindingContext(exp), sec.Locator, sec.Password())
+	login, ke1, err := pake.Start(wire.BindingContext(exp), sec.Locator, sec.Password())
 	if err != nil {
 		return 0, 0, err
 	}

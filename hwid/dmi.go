@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/jaypipes/ghw"
+	"github.com/stratumjoin/stratum/internal/identity"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
 
@@ -33,13 +34,13 @@ type dmiField struct {
 
 var dmiFields = []dmiField{
 	{
-		fact: FactProductUUID, label: "product UUID", kind: KindProductUUID, identity: true,
+		fact: FactProductUUID, label: "product UUID", kind: identity.KindProductUUID, identity: true,
 		dmiFile: "product_uuid",
 		value:   func(p *ghw.ProductInfo, _ *ghw.BaseboardInfo) string { return p.UUID },
 		set:     func(f *wire.Facts, v string) { f.ProductUUID = v },
 	},
 	{
-		fact: FactSerial, label: "product serial", kind: KindSerial, identity: true,
+		fact: FactSerial, label: "product serial", kind: identity.KindSerial, identity: true,
 		dmiFile: "product_serial", dtFile: "serial-number",
 		value: func(p *ghw.ProductInfo, _ *ghw.BaseboardInfo) string { return p.SerialNumber },
 		set:   func(f *wire.Facts, v string) { f.Serial = v },
@@ -47,19 +48,19 @@ var dmiFields = []dmiField{
 	{
 		// On a device tree ghw reports the one serial-number as the
 		// board's too; dtFile stays empty so it is not reported twice.
-		fact: FactBoardSerial, label: "board serial", kind: KindBoardSerial, identity: true,
+		fact: FactBoardSerial, label: "board serial", kind: identity.KindBoardSerial, identity: true,
 		dmiFile: "board_serial",
 		value:   func(_ *ghw.ProductInfo, b *ghw.BaseboardInfo) string { return b.SerialNumber },
 		set:     func(f *wire.Facts, v string) { f.BoardSerial = v },
 	},
 	{
-		fact: FactVendor, label: "vendor", kind: KindVendor,
+		fact: FactVendor, label: "vendor", kind: identity.KindVendor,
 		dmiFile: "sys_vendor", dtFile: "compatible",
 		value: func(p *ghw.ProductInfo, _ *ghw.BaseboardInfo) string { return p.Vendor },
 		set:   func(f *wire.Facts, v string) { f.Vendor = v },
 	},
 	{
-		fact: FactProductName, label: "product name", kind: KindProductName,
+		fact: FactProductName, label: "product name", kind: identity.KindProductName,
 		dmiFile: "product_name", dtFile: "model",
 		value: func(p *ghw.ProductInfo, _ *ghw.BaseboardInfo) string { return p.Name },
 		set:   func(f *wire.Facts, v string) { f.ProductName = v },
@@ -119,10 +120,10 @@ func collectDMI(ctx context.Context, root string, r *Report, log *slog.Logger) {
 				continue
 			}
 		}
-		if f.kind == KindProductUUID {
-			value = NormalizeUUID(value)
+		if f.kind == identity.KindProductUUID {
+			value = identity.NormalizeUUID(value)
 		}
-		if reason := placeholderReason(f.kind, value); reason != "" {
+		if reason := identity.PlaceholderReason(f.kind, value); reason != "" {
 			if f.identity {
 				r.notef("%s %q is %s, not an identity", f.label, value, reason)
 			} else {
@@ -130,7 +131,7 @@ func collectDMI(ctx context.Context, root string, r *Report, log *slog.Logger) {
 			}
 			continue
 		}
-		if f.kind == KindProductUUID && !isUUID(value) {
+		if f.kind == identity.KindProductUUID && !identity.IsUUID(value) {
 			r.notef("%s %q is not a UUID, not an identity", f.label, value)
 			continue
 		}

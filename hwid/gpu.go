@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"strings"
+
+	"github.com/stratumjoin/stratum/internal/identity"
 )
 
 // GPUProber lists the UUIDs of a machine's GPUs. Collect uses NVML unless
@@ -27,12 +29,12 @@ func collectGPUs(ctx context.Context, p GPUProber, r *Report) {
 	r.Notes = append(r.Notes, res.Notes...)
 	var uuids []string
 	for _, raw := range res.UUIDs {
-		u, err := NormalizeGPUUUID(raw)
+		u, err := identity.NormalizeGPUUUID(raw)
 		if err != nil {
 			r.notef("GPU UUID %q is not \"GPU-\" followed by a UUID, not an identity", raw)
 			continue
 		}
-		if reason := placeholderReason(KindGPUUUID, u); reason != "" {
+		if reason := identity.PlaceholderReason(identity.KindGPUUUID, u); reason != "" {
 			r.notef("GPU UUID %q is %s, not an identity", u, reason)
 			continue
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/stratumjoin/stratum/internal/identity"
 )
 
 func TestNVMLDGXH100(t *testing.T) {
@@ -142,7 +143,7 @@ func TestNVMLRealLibrary(t *testing.T) {
 		t.Errorf("source %q does not name the driver", r.Sources[FactGPUUUIDs])
 	}
 	for _, u := range r.Facts.GPUUUIDs {
-		if n, err := NormalizeGPUUUID(u); err != nil || n != u {
+		if n, err := identity.NormalizeGPUUUID(u); err != nil || n != u {
 			t.Errorf("GPU UUID %q not normalised (%q, %v)", u, n, err)
 		}
 	}

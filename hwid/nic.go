@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/stratumjoin/stratum/internal/identity"
 	"github.com/vishvananda/netlink"
 )
 
@@ -66,7 +67,7 @@ func collectMACs(ctx context.Context, cfg Config, r *Report, log *slog.Logger) e
 			continue
 		}
 		mac := addr.String()
-		if reason := placeholderReason(KindMAC, mac); reason != "" {
+		if reason := identity.PlaceholderReason(identity.KindMAC, mac); reason != "" {
 			r.notef("%s (%s): MAC %s is %s, not an identity", a.Name, detail, mac, reason)
 			continue
 		}

@@ -89,7 +89,7 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 		}
 		a.mu.Unlock()
 	})
-	if h := l.cfg.Hooks.Accept; h != nil {
+	if h := l.cfg.hooks.Accept; h != nil {
 		h(ci.AddrVerified)
 	}
 	return ctx, nil

@@ -60,10 +60,8 @@ func joinFrom(t testing.TB, l *listenertest.Listener, ip string, sec joincode.Se
 // another source joins at once.
 func TestSelectorSweepFromOneSourceBurnsNothing(t *testing.T) {
 	var counted atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{
-		BudgetWait: 50 * time.Millisecond,
-		Hooks:      listener.Hooks{Challenge: func(_ string, real, c bool) { counted.Add(btoi(real && c)) }},
-	}})
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{BudgetWait: 50 * time.Millisecond},
+		listener.Hooks{Challenge: func(_ string, real, c bool) { counted.Add(btoi(real && c)) }})})
 	var secs []joincode.Secret
 	var ids []string
 	for range 64 {
@@ -409,9 +407,9 @@ func TestWeakKeyJoinIsReadByTheAgent(t *testing.T) {
 // with an error worth retrying.
 func TestAgentBoundsItsWaitForAResult(t *testing.T) {
 	release := make(chan struct{})
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{}, listener.Hooks{
 		Proof: func(string) { <-release }, // the listener goes silent
-	}}})
+	})})
 	defer close(release)
 	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	done := make(chan error, 1)

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
@@ -42,13 +41,13 @@ const (
 // Join runs one join exchange on str. exporter is the TLS exporter of the
 // connection carrying it. It returns the QUIC application code to close
 // the connection with.
-func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (closeCode quic.ApplicationErrorCode, err error) {
+func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (closeCode wire.CloseCode, err error) {
 	rep := l.startJoin(ctx)
 	defer func() { rep.end(closeCode, err) }()
 	str.SetReadDeadline(time.Now().Add(helloTimeout))
 	var hello wire.Hello
 	if err := wire.Read(str, &hello); err != nil {
-		return errCodeProtocol, fmt.Errorf("read hello: %w", err)
+		return wire.CloseProtocol, fmt.Errorf("read hello: %w", err)
 	}
 	rep.phase("hello")
 
@@ -61,14 +60,14 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	l.metrics.storeOp("begin_attempt", t0, err)
 	rep.attempt(att)
 	if errors.Is(err, cluster.ErrBusy) {
-		return errCodeInternal, fmt.Errorf("count attempt: %w", err)
+		return wire.CloseInternal, fmt.Errorf("count attempt: %w", err)
 	}
 	if err != nil {
 		// The count's outcome is unknown: it counts as spent (a refund
 		// may give it back), and no Challenge leaves. The agent is told
 		// the store failed, which says nothing about the code.
 		l.logger.Warn("count attempt", "err", err)
-		return errCodeDone, errors.Join(fmt.Errorf("count attempt: %w", err), rep.write(str, l.unavailable(err)))
+		return wire.CloseDone, errors.Join(fmt.Errorf("count attempt: %w", err), rep.write(str, l.unavailable(err)))
 	}
 
 	l.mu.RLock()
@@ -86,18 +85,18 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	}
 	rootFP, err := pki.ParseFingerprint(fp)
 	if err != nil {
-		return errCodeInternal, fmt.Errorf("stored fingerprint: %w", err)
+		return wire.CloseInternal, fmt.Errorf("stored fingerprint: %w", err)
 	}
-	binding := pake.BindingContext(exporter)
+	binding := wire.BindingContext(exporter)
 	ke2, login, err := l.opaque.Respond(binding, rootFP[:], hello.Locator, hello.KE1, record)
 	if err != nil {
-		return errCodeProtocol, fmt.Errorf("respond: %w", err)
+		return wire.CloseProtocol, fmt.Errorf("respond: %w", err)
 	}
-	if h := l.cfg.Hooks.Challenge; h != nil {
+	if h := l.cfg.hooks.Challenge; h != nil {
 		h(hello.Locator, record != nil, att.Counted)
 	}
 	if err := wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: caChain, KSF: ksf}); err != nil {
-		return errCodeProtocol, err
+		return wire.CloseProtocol, err
 	}
 	rep.phase("challenge")
 
@@ -112,20 +111,20 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 			rep.failedProof(att)
 		}
 		l.endLease(att, !refusedKE2)
-		return errCodeNotProof, fmt.Errorf("read proof: %w", err)
+		return wire.CloseNotProof, fmt.Errorf("read proof: %w", err)
 	}
-	if h := l.cfg.Hooks.Proof; h != nil {
+	if h := l.cfg.hooks.Proof; h != nil {
 		h(hello.Locator)
 	}
 	rep.phase("proof")
 	if record == nil {
 		rep.failedProof(att)
-		return errCodeNotProof, pake.ErrNotAccepted
+		return wire.CloseNotProof, pake.ErrNotAccepted
 	}
 	if err := login.Finish(proof.KE3); err != nil {
 		rep.failedProof(att)
 		l.abandon(att)
-		return errCodeNotProof, err
+		return wire.CloseNotProof, err
 	}
 	str.SetReadDeadline(time.Time{})
 	l.refundProven(ctx) // a proven start gives its source's budget back
@@ -133,14 +132,14 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	csr, err := x509.ParseCertificateRequest(proof.CSR)
 	if err != nil {
 		l.uncount(att) // proven: not a failed guess
-		return errCodeDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+		return wire.CloseDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
 	// Only the holder of the CSR's key may make, resume or replace a join
 	// for that key: a pending join is found by the key's fingerprint, and
 	// resuming it gives it this session's SAS.
 	if err := csr.CheckSignature(); err != nil {
 		l.abandon(att)
-		return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+		return wire.CloseDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	req := cluster.ProveRequest{
@@ -161,7 +160,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	if proof.TPM != nil {
 		if req.TPM, req.TPMRefusal, err = l.attest(str, proof.TPM, csr.PublicKey); err != nil {
 			l.abandon(att)
-			return errCodeProtocol, fmt.Errorf("tpm attestation: %w", err)
+			return wire.CloseProtocol, fmt.Errorf("tpm attestation: %w", err)
 		}
 	}
 	deadline := l.now().Add(approvalMaxAge) // Config.Now: tests move it
@@ -185,14 +184,14 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		}
 		if errors.Is(err, pki.ErrInvalidCSR) {
 			l.uncount(req.Attempt)
-			return errCodeDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+			return wire.CloseDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 		}
 		if err != nil {
 			l.logger.Warn("record join", "err", err)
-			return errCodeDone, errors.Join(err, rep.write(str, l.unavailable(err)))
+			return wire.CloseDone, errors.Join(err, rep.write(str, l.unavailable(err)))
 		}
 		if out.Status != wire.StatusPending {
-			return errCodeDone, rep.write(str, l.result(out))
+			return wire.CloseDone, rep.write(str, l.result(out))
 		}
 		// Announce once per connection, a resumed join too (its attempt
 		// may not have been counted: a code whose last use it holds is no
@@ -200,7 +199,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		if !announced {
 			pendingFor := int64(deadline.Sub(l.now()) / time.Second)
 			if err := wire.Write(str, &wire.Result{Status: wire.StatusPending, JoinID: out.Join.ID, SAS: out.Join.SAS, PendingFor: pendingFor, Message: "waiting for an administrator to approve join " + out.Join.ID}); err != nil {
-				return errCodeProtocol, err
+				return wire.CloseProtocol, err
 			}
 			announced = true
 		}
@@ -210,10 +209,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		l.metrics.pending.Dec()
 		if errors.Is(err, errStoreWait) {
 			l.logger.Warn("wait for approval", "joinId", out.Join.ID, "err", err)
-			return errCodeDone, errors.Join(err, rep.write(str, l.unavailable(err)))
+			return wire.CloseDone, errors.Join(err, rep.write(str, l.unavailable(err)))
 		} else if err != nil {
 			rep.outcome = outcomePending
-			return errCodeDone, err
+			return wire.CloseDone, err
 		}
 	}
 }

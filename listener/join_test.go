@@ -125,7 +125,7 @@ func TestListenerDecidesCertificateNames(t *testing.T) {
 func TestWrongCodeBurnsAfterTen(t *testing.T) {
 	var real, counted, proofs atomic.Int32
 	// every guess comes from one address: lift its budget of unproven starts
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1, Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{UnprovenPerSource: -1}, listener.Hooks{
 		Challenge: func(_ string, r, c bool) {
 			if r && c {
 				counted.Add(1)
@@ -135,7 +135,7 @@ func TestWrongCodeBurnsAfterTen(t *testing.T) {
 			}
 		},
 		Proof: func(string) { proofs.Add(1) },
-	}}})
+	})})
 	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	bad := wrongCode(t, sec)
 	for i := 1; i <= 10; i++ {
@@ -189,7 +189,7 @@ func countEvents(evs []cluster.Event, typ string) int {
 
 func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
 	var counted, uncounted atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{UnprovenPerSource: -1, PerSourceConnections: -1, Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{UnprovenPerSource: -1, PerSourceConnections: -1}, listener.Hooks{
 		Challenge: func(_ string, r, c bool) {
 			switch {
 			case r && c:
@@ -198,7 +198,7 @@ func TestConcurrentWrongAttemptsCountAtMostTen(t *testing.T) {
 				uncounted.Add(1)
 			}
 		},
-	}}})
+	})})
 	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	bad := wrongCode(t, sec)
 	var wg sync.WaitGroup
@@ -391,7 +391,7 @@ func TestSecretFileModes(t *testing.T) {
 
 func TestRetryAboveSourceRate(t *testing.T) {
 	var verified, plain atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{RetryAbove: 1, Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{RetryAbove: 1}, listener.Hooks{
 		Accept: func(v bool) {
 			if v {
 				verified.Add(1)
@@ -399,7 +399,7 @@ func TestRetryAboveSourceRate(t *testing.T) {
 				plain.Add(1)
 			}
 		},
-	}}})
+	})})
 	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(0)})
 	for i := range 6 {
 		if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
@@ -415,9 +415,9 @@ func TestRetryAboveSourceRate(t *testing.T) {
 
 func TestAgentGivesUpAfterThreeFailures(t *testing.T) {
 	var hellos atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{}, listener.Hooks{
 		Challenge: func(string, bool, bool) { hellos.Add(1) },
-	}}})
+	})})
 	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	bad := wrongCode(t, sec)
 	dir := filepath.Join(t.TempDir(), "state")

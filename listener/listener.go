@@ -86,8 +86,8 @@ type Config struct {
 	RenewGrace time.Duration
 	// Ready is called once the store is open and the sockets listen.
 	Ready func(addr net.Addr)
-	// Hooks observe the protocol in tests.
-	Hooks Hooks
+	// hooks observe the protocol in tests (export_test.go sets them).
+	hooks hooks
 	// Registry is the inventory of tenants, sites, pools, networks and
 	// roles the admin API mints against; nil means registry.Default().
 	Registry *registry.Registry
@@ -120,8 +120,8 @@ type Config struct {
 // DefaultStoreTimeout is Config.StoreTimeout's default.
 const DefaultStoreTimeout = 5 * time.Second
 
-// Hooks are test observation points; all optional.
-type Hooks struct {
+// hooks are test observation points; all optional.
+type hooks struct {
 	// Challenge is called as each Challenge is sent: real says whether
 	// it was computed from a stored record (not a fake one), counted
 	// whether the attempt was counted.
@@ -282,9 +282,6 @@ func (l *Listener) Cluster() *cluster.Cluster { return l.cluster }
 
 // Settings returns the pinned settings.
 func (l *Listener) Settings() Settings { return l.settings }
-
-// Addr is the QUIC address once Run listens.
-func (l *Listener) Addr() net.Addr { return l.addr }
 
 func (l *Listener) loadCA() error {
 	ca, err := l.keys.LoadCA()
@@ -600,17 +597,6 @@ func (l *Listener) derivedKey(label string) ([32]byte, error) {
 	return k, nil
 }
 
-// Application error codes on QUIC connections.
-const (
-	errCodeDone     quic.ApplicationErrorCode = 0
-	errCodeProtocol quic.ApplicationErrorCode = 0x101
-	errCodeNotProof quic.ApplicationErrorCode = 0x102
-	errCodeInternal quic.ApplicationErrorCode = 0x103
-	errCodeAuth     quic.ApplicationErrorCode = 0x104
-	errCodeShutdown quic.ApplicationErrorCode = 0x105
-	errCodeBusy     quic.ApplicationErrorCode = 0x106
-)
-
 var errTooManyConnections = errors.New("too many connections")
 
 // resultGrace is how long the listener keeps a connection open after its
@@ -626,47 +612,47 @@ func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	alpn := cs.TLS.NegotiatedProtocol
 	release, ok := l.slot(alpn)
 	if !ok {
-		conn.CloseWithError(errCodeBusy, "too many connections; try again later")
+		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseBusy), "too many connections; try again later")
 		return
 	}
 	defer release()
-	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(errCodeShutdown, "listener shutting down") })
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseShutdown), "listener shutting down") })
 	defer stop()
 	// a connection earns its slot by opening its stream at once
 	sctx, scancel := context.WithTimeout(ctx, l.cfg.FirstStream)
 	str, err := conn.AcceptStream(sctx)
 	scancel()
 	if err != nil {
-		conn.CloseWithError(errCodeProtocol, "no stream")
+		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseProtocol), "no stream")
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	var code quic.ApplicationErrorCode
+	var code wire.CloseCode
 	switch alpn {
 	case wire.ALPNJoin:
 		code = l.serveJoin(ctx, conn, str, cs)
 	case wire.ALPNNode:
 		code = l.renew(ctx, str, cs.TLS.PeerCertificates)
 	default:
-		conn.CloseWithError(errCodeProtocol, "")
+		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseProtocol), "")
 		return
 	}
 	str.Close()
 	// give the agent time to read the last frame before closing
-	if code == errCodeDone {
+	if code == wire.CloseDone {
 		select {
 		case <-conn.Context().Done():
 		case <-time.After(resultGrace):
 		}
 	}
-	conn.CloseWithError(code, "")
+	conn.CloseWithError(quic.ApplicationErrorCode(code), "")
 }
 
-func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Stream, cs quic.ConnectionState) quic.ApplicationErrorCode {
-	exporter, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Stream, cs quic.ConnectionState) wire.CloseCode {
+	exporter, err := wire.Exporter(cs.TLS)
 	if err != nil {
-		return errCodeInternal
+		return wire.CloseInternal
 	}
 	ctx, after, ok, err := l.chargeStart(ctx, sourceAddr(conn.RemoteAddr()))
 	if err != nil {
@@ -675,17 +661,17 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 		// about the code.
 		l.logger.Warn("charge start", "remote", conn.RemoteAddr().String(), "err", err)
 		if err := wire.Write(str, l.unavailable(err)); err != nil {
-			return errCodeProtocol
+			return wire.CloseProtocol
 		}
-		return errCodeDone
+		return wire.CloseDone
 	}
 	if !ok {
 		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
 		l.metrics.refusals.WithLabelValues(wire.CodeRateLimited).Inc()
 		if err := rateLimited(str, after); err != nil {
-			return errCodeProtocol
+			return wire.CloseProtocol
 		}
-		return errCodeDone
+		return wire.CloseDone
 	}
 	code, err := l.Join(ctx, str, exporter)
 	if err != nil {

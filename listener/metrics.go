@@ -204,12 +204,12 @@ func (r *joinReport) failedProof(att cluster.Attempt) {
 	r.l.proofFailures.add(r.l, id, r.kind, r.remote)
 }
 
-func (r *joinReport) end(code quic.ApplicationErrorCode, err error) {
+func (r *joinReport) end(code wire.CloseCode, err error) {
 	m := r.l.metrics
 	m.inFlight.Dec()
 	if r.outcome == "" {
 		r.outcome = outcomeAbandoned
-		if code == errCodeInternal {
+		if code == wire.CloseInternal {
 			r.outcome = outcomeError
 		}
 	}
@@ -402,8 +402,8 @@ func (r *joinReport) write(str Stream, res *wire.Result) error {
 
 // agentRefusedKE2 reports whether the agent closed the connection because
 // the Challenge did not verify under its secret (a wrong code): it closes
-// with errCodeNotProof instead of sending a Proof.
+// with wire.CloseNotProof instead of sending a Proof.
 func agentRefusedKE2(err error) bool {
 	var ae *quic.ApplicationError
-	return errors.As(err, &ae) && ae.Remote && ae.ErrorCode == errCodeNotProof
+	return errors.As(err, &ae) && ae.Remote && wire.CloseCode(ae.ErrorCode) == wire.CloseNotProof
 }

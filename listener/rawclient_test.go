@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"testing"
 	"time"
 
@@ -57,7 +58,7 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 	}
 	defer conn.CloseWithError(0, "")
 	cs := conn.ConnectionState()
-	exp, err := cs.TLS.ExportKeyingMaterial("EXPORTER-Channel-Binding", nil, 32)
+	exp, err := wire.Exporter(cs.TLS)
 	if err != nil {
 		return out, err
 	}
@@ -65,7 +66,13 @@ func (r rawJoin) run(ctx context.Context, endpoint string) (rawOutcome, error) {
 	if err != nil {
 		return out, err
 	}
-	login, ke1, err := pake.Start(pake.BindingContext(exp), r.Secret.Locator, r.Secret.Password())
+	return r.exchange(str, exp)
+}
+
+// exchange is the join over one stream whose channel binding is exp.
+func (r rawJoin) exchange(str io.ReadWriter, exp []byte) (rawOutcome, error) {
+	var out rawOutcome
+	login, ke1, err := pake.Start(wire.BindingContext(exp), r.Secret.Locator, r.Secret.Password())
 	if err != nil {
 		return out, err
 	}
@@ -158,7 +165,7 @@ func wrongCode(t testing.TB, sec joincode.Secret) joincode.Secret {
 
 func mustKE1(t testing.TB, sec joincode.Secret) (*pake.ClientLogin, []byte) {
 	t.Helper()
-	l, ke1, err := pake.Start(pake.BindingContext(make([]byte, 32)), sec.Locator, sec.Password())
+	l, ke1, err := pake.Start(wire.BindingContext(make([]byte, 32)), sec.Locator, sec.Password())
 	if err != nil {
 		t.Fatal(err)
 	}

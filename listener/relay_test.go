@@ -79,7 +79,7 @@ func startRelay(t *testing.T, upstream string) (addr string, forwarded *atomic.I
 
 func TestRelayFailsOnBothSides(t *testing.T) {
 	var proofs atomic.Int32
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{Hooks: listener.Hooks{Proof: func(string) { proofs.Add(1) }}}})
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{}, listener.Hooks{Proof: func(string) { proofs.Add(1) }})})
 	sec, code := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	relay, forwarded := startRelay(t, l.Endpoint)
 

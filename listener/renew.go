@@ -9,15 +9,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/quic-go/quic-go"
-
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
 
 // renew serves one renewal on a mutually authenticated connection.
-func (l *Listener) renew(ctx context.Context, str Stream, peer []*x509.Certificate) quic.ApplicationErrorCode {
+func (l *Listener) renew(ctx context.Context, str Stream, peer []*x509.Certificate) wire.CloseCode {
 	code, err := l.Renew(ctx, str, peer)
 	if err != nil {
 		l.logger.Info("renewal failed", "remote", remoteAddr(ctx), "err", err)
@@ -28,17 +26,17 @@ func (l *Listener) renew(ctx context.Context, str Stream, peer []*x509.Certifica
 // Renew runs the renewal exchange: the peer chain must verify under one of
 // the cluster's roots for client authentication; a certificate that merely
 // expired (the machine was off) is accepted if the node still stands.
-func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certificate) (quic.ApplicationErrorCode, error) {
+func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certificate) (wire.CloseCode, error) {
 	// A certificate the listener cannot accept is refused by name, after
 	// the request is read, so the agent knows not to retry.
-	refuse := func(msg string, cause error) (quic.ApplicationErrorCode, error) {
+	refuse := func(msg string, cause error) (wire.CloseCode, error) {
 		if _, _, err := readNodeRequest(str); err != nil {
-			return errCodeAuth, fmt.Errorf("%s: %w", msg, cause)
+			return wire.CloseAuth, fmt.Errorf("%s: %w", msg, cause)
 		}
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"}
 		l.metrics.renewal(res, nil)
 		_ = wire.Write(str, res)
-		return errCodeDone, fmt.Errorf("%s: %w", msg, cause)
+		return wire.CloseDone, fmt.Errorf("%s: %w", msg, cause)
 	}
 	if len(peer) == 0 {
 		return refuse("the renewal carried no node certificate", errors.New("no client certificate"))
@@ -66,7 +64,7 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	}
 	req, leave, err := readNodeRequest(str)
 	if err != nil {
-		return errCodeProtocol, fmt.Errorf("read renew: %w", err)
+		return wire.CloseProtocol, fmt.Errorf("read renew: %w", err)
 	}
 	if leave {
 		return l.leave(ctx, str, nodeID, serialHex(leaf.SerialNumber))
@@ -75,7 +73,7 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	if err != nil || csr.CheckSignature() != nil {
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"}
 		l.metrics.renewal(res, nil)
-		return errCodeDone, wire.Write(str, res)
+		return wire.CloseDone, wire.Write(str, res)
 	}
 	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
 	t0 := time.Now()
@@ -86,16 +84,16 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 		// agent before the connection closes
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request's key is not one this cluster accepts: " + err.Error()}
 		l.metrics.renewal(res, nil)
-		return errCodeDone, wire.Write(str, res)
+		return wire.CloseDone, wire.Write(str, res)
 	}
 	if err != nil {
 		l.metrics.renewal(nil, err)
 		l.logger.Warn("record renewal", "nodeId", nodeID, "err", err)
-		return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
+		return wire.CloseDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
 	}
 	res := l.result(out)
 	l.metrics.renewal(res, nil)
-	return errCodeDone, wire.Write(str, res)
+	return wire.CloseDone, wire.Write(str, res)
 }
 
 func (l *Listener) verifiesBeforeExpiry(raw [][]byte, roots []*x509.Certificate, leaf *x509.Certificate) error {
@@ -104,12 +102,12 @@ func (l *Listener) verifiesBeforeExpiry(raw [][]byte, roots []*x509.Certificate,
 }
 
 // refuseExpired reads the request and refuses it NODE_CERT_EXPIRED.
-func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (quic.ApplicationErrorCode, error) {
+func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (wire.CloseCode, error) {
 	if _, _, err := readNodeRequest(str); err != nil {
-		return errCodeAuth, fmt.Errorf("read renew: %w", err)
+		return wire.CloseAuth, fmt.Errorf("read renew: %w", err)
 	}
 	msg := fmt.Sprintf("this node's certificate expired at %s, longer ago than the %s this cluster renews after expiry; join it again with a new code", notAfter.UTC().Format(time.RFC3339), l.cfg.RenewGrace)
-	return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertExpired, Message: msg})
+	return wire.CloseDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertExpired, Message: msg})
 }
 
 // readNodeRequest reads the one request of a node connection: a Renew, or
@@ -131,17 +129,17 @@ func readNodeRequest(str Stream) (req *wire.Renew, leave bool, err error) {
 // (stratum-agent leave): it is marked revoked as `nodes revoke` would,
 // with the node as the event's actor, so its renewals are refused from
 // now on.
-func (l *Listener) leave(ctx context.Context, str Stream, nodeID, serial string) (quic.ApplicationErrorCode, error) {
+func (l *Listener) leave(ctx context.Context, str Stream, nodeID, serial string) (wire.CloseCode, error) {
 	t0 := time.Now()
 	out, err := l.cluster.Leave(ctx, cluster.LeaveRequest{NodeID: nodeID, Serial: serial})
 	l.metrics.storeOp("leave", t0, err)
 	if err != nil {
 		l.logger.Warn("record leave", "nodeId", nodeID, "err", err)
-		return errCodeDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
+		return wire.CloseDone, errors.Join(err, wire.Write(str, l.unavailable(err)))
 	}
 	if out.Status != wire.StatusLeft {
-		return errCodeDone, wire.Write(str, &wire.Result{Status: out.Status, Code: out.Code, Message: out.Message})
+		return wire.CloseDone, wire.Write(str, &wire.Result{Status: out.Status, Code: out.Code, Message: out.Message})
 	}
 	l.logger.Info("node left", "nodeId", nodeID, "remote", remoteAddr(ctx))
-	return errCodeDone, wire.Write(str, &wire.Result{Status: wire.StatusLeft, NodeID: nodeID})
+	return wire.CloseDone, wire.Write(str, &wire.Result{Status: wire.StatusLeft, NodeID: nodeID})
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,6 +26,7 @@ import (
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 	"github.com/stratumjoin/stratum/listener/registry"
+	"github.com/stratumjoin/stratum/pki"
 	"github.com/stratumjoin/stratum/systemd"
 )
 
@@ -138,7 +140,7 @@ func initCommand() *cobra.Command {
 				return err
 			}
 			fp := ca.Fingerprint()
-			out := map[string]string{"dataDir": cfg.DataDir, "caFingerprint": fmtFP(fp), "subject": ca.Cert().Subject.String()}
+			out := map[string]string{"dataDir": cfg.DataDir, "caFingerprint": pki.FormatFingerprint(fp), "subject": ca.Cert().Subject.String()}
 			if jsonOut {
 				return cli.PrintJSON(cmd.OutOrStdout(), out)
 			}
@@ -670,7 +672,7 @@ func fieldsText(f map[string]any) string {
 	for k, v := range f {
 		parts = append(parts, fmt.Sprint(k, "=", v))
 	}
-	sortStrings(parts)
+	sort.Strings(parts)
 	return strings.Join(parts, " ")
 }
 

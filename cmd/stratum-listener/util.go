@@ -2,15 +2,8 @@ package main
 
 import (
 	"fmt"
-	"sort"
 	"time"
-
-	"github.com/stratumjoin/stratum/pki"
 )
-
-func fmtFP(fp [32]byte) string { return pki.FormatFingerprint(fp) }
-
-func sortStrings(s []string) { sort.Strings(s) }
 
 // relTime is t for people: "in 6d23h" or "3h12m ago", to the minute, with
 // the time itself for anything a week or more away. JSON keeps RFC 3339.

@@ -580,12 +580,6 @@ func normalSAS(s string) string {
 	return strings.NewReplacer(" ", "", "-", "").Replace(s)
 }
 
-// JoinState names, exported for the admin API.
-func JoinStates() []string { return []string{joinPending, joinApproved, joinRefused, joinCompleted} }
-
-// SecretState names the state for display.
-func SecretState(s *Secret, now time.Time) string { return s.State(now) }
-
 // IsPending reports whether a join waits for a decision.
 func (j *Join) IsPending() bool { return j.State == joinPending }
 

@@ -27,80 +27,36 @@ import (
 	"github.com/bytemare/ksf"
 	"github.com/bytemare/opaque"
 	"github.com/bytemare/opaque/message"
+
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 // ContextLabel starts every AKE context.
-const ContextLabel = "stratum-join/1"
+const ContextLabel = wire.ContextLabel
 
 // Sizes of the messages on the wire with the suite we use
-// (ristretto255, SHA-512).
+// (ristretto255, SHA-512). The KE sizes are the protocol's (internal/wire);
+// the tests check that OPAQUE produces them.
 const (
-	KE1Size    = 96
-	KE2Size    = 320
-	KE3Size    = 64
+	KE1Size    = wire.KE1Size
+	KE2Size    = wire.KE2Size
+	KE3Size    = wire.KE3Size
 	RecordSize = 192
 )
 
-// KSFParams are Argon2id's time, memory (KiB) and threads. The listener
-// records them per secret, so a secret minted under other parameters keeps
-// working; the agent receives them in the Challenge and refuses values
-// outside the bounds below. The zero value is no key stretching (OPAQUE's
-// identity KSF): what tokens and keys use, whose 128 bits and more no
-// offline search can cover, stretched or not (docs/secrets.md).
-type KSFParams struct {
-	Time      uint32 `json:"time" cbor:"1,keyasint"`
-	MemoryKiB uint32 `json:"memoryKiB" cbor:"2,keyasint"`
-	Threads   uint8  `json:"threads" cbor:"3,keyasint"`
-}
+// KSFParams are the key stretching parameters a Challenge carries; the type
+// and its bounds are the protocol's (internal/wire).
+type KSFParams = wire.KSFParams
 
-// NoKSF is the identity KSF, for secrets of at least 128 bits.
-var NoKSF = KSFParams{}
+// The settings, as internal/wire names them.
+var (
+	NoKSF       = wire.NoKSF
+	CodeKSF     = wire.CodeKSF
+	DefaultKSF  = wire.DefaultKSF
+	LightestKSF = wire.LightestKSF
+)
 
-// CodeKSF is what join codes are stretched with: one pass over 8 MiB in
-// one lane. docs/secrets.md derives it from the offline cost of a 50-bit
-// code against its lifetime; it keeps a join under 40 ms and a mint under
-// 10 ms of CPU.
-var CodeKSF = KSFParams{Time: 1, MemoryKiB: 8 * 1024, Threads: 1}
-
-// DefaultKSF is Argon2id as bytemare/ksf defaults it (and RFC 9106's
-// second recommendation): 3 passes over 64 MiB with 4 lanes. Codes minted
-// before CodeKSF carry it in their records.
-var DefaultKSF = KSFParams{Time: 3, MemoryKiB: 64 * 1024, Threads: 4}
-
-// LightestKSF is the cheapest Argon2id setting a listener accepts or an
-// agent computes for a join code.
-var LightestKSF = CodeKSF
-
-// maxKSFMemoryKiB bounds what a (possibly fake) listener can make an agent
-// allocate.
-const maxKSFMemoryKiB = 1024 * 1024
-
-// None reports whether p is the identity KSF.
-func (p KSFParams) None() bool { return p == NoKSF }
-
-// Check validates the parameters against the accepted bounds; the
-// identity KSF is accepted.
-func (p KSFParams) Check() error {
-	if p.None() {
-		return nil
-	}
-	return p.CheckArgon2id()
-}
-
-// CheckArgon2id validates memory-hard parameters: what a join code needs.
-func (p KSFParams) CheckArgon2id() error {
-	switch {
-	case p.Time < LightestKSF.Time || p.Time > 16:
-		return fmt.Errorf("argon2id time %d outside %d..16", p.Time, LightestKSF.Time)
-	case p.MemoryKiB < LightestKSF.MemoryKiB || p.MemoryKiB > maxKSFMemoryKiB:
-		return fmt.Errorf("argon2id memory %d KiB outside %d..%d", p.MemoryKiB, LightestKSF.MemoryKiB, maxKSFMemoryKiB)
-	case p.Threads < 1 || p.Threads > 16:
-		return fmt.Errorf("argon2id threads %d outside 1..16", p.Threads)
-	}
-	return nil
-}
-
-func (p KSFParams) clientOptions() *opaque.ClientOptions {
+func clientOptions(p KSFParams) *opaque.ClientOptions {
 	if p.None() {
 		return &opaque.ClientOptions{}
 	}
@@ -125,12 +81,6 @@ func configurationFor(ctx []byte, p KSFParams) *opaque.Configuration {
 	}
 	conf.Context = ctx
 	return conf
-}
-
-// BindingContext is the AKE context for a connection whose TLS exporter
-// (RFC 9266, 32 bytes) is exporter.
-func BindingContext(exporter []byte) []byte {
-	return append([]byte(ContextLabel), exporter...)
 }
 
 // ServerKeys are the listener's long-term OPAQUE secrets. They live in the
@@ -215,7 +165,7 @@ func (k *ServerKeys) Mint(locator string, password, serverID []byte, p KSFParams
 	if err != nil {
 		return nil, fmt.Errorf("registration response: %w", err)
 	}
-	rec, _, err := c.RegistrationFinalize(resp, []byte(locator), serverID, p.clientOptions())
+	rec, _, err := c.RegistrationFinalize(resp, []byte(locator), serverID, clientOptions(p))
 	if err != nil {
 		return nil, fmt.Errorf("registration finalize: %w", err)
 	}
@@ -357,7 +307,7 @@ func (l *ClientLogin) Finish(ke2 []byte, serverID []byte, p KSFParams) (ke3, ses
 	if err != nil {
 		return nil, nil, ErrNotAccepted
 	}
-	opts := p.clientOptions()
+	opts := clientOptions(p)
 	opts.OPRFBlind, opts.ResumePassword, opts.ResumeKE1 = l.blind, l.password, l.ke1
 	opts.AKE = &opaque.AKEOptions{SecretKeyShare: l.esk}
 	m3, sessionKey, _, err := c.GenerateKE3(m2, []byte(l.locator), serverID, opts)

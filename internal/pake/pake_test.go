@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 func login(t *testing.T, k *ServerKeys, record []byte, locator string, pw, serverCtx, clientCtx, clientServerID []byte) error {
@@ -53,8 +55,8 @@ func TestLogin(t *testing.T) {
 	if len(rec) != RecordSize {
 		t.Fatalf("record %d bytes", len(rec))
 	}
-	ctxA := BindingContext(bytes.Repeat([]byte{1}, 32))
-	ctxB := BindingContext(bytes.Repeat([]byte{2}, 32))
+	ctxA := wire.BindingContext(bytes.Repeat([]byte{1}, 32))
+	ctxB := wire.BindingContext(bytes.Repeat([]byte{2}, 32))
 	for _, tc := range []struct {
 		name         string
 		keys         *ServerKeys
@@ -86,7 +88,7 @@ func TestLogin(t *testing.T) {
 
 func TestFakeRecordStable(t *testing.T) {
 	k, _ := GenerateServerKeys()
-	ctx := BindingContext(make([]byte, 32))
+	ctx := wire.BindingContext(make([]byte, 32))
 	_, ke1, _ := Start(ctx, "ZZ", []byte("anything"))
 	a, _, err := k.Respond(ctx, make([]byte, 32), "ZZ", ke1, nil)
 	if err != nil {
@@ -107,7 +109,7 @@ func TestFakeRecordStable(t *testing.T) {
 }
 
 func TestKSFBounds(t *testing.T) {
-	for _, p := range []KSFParams{{0, 8192, 1}, {1, 1024, 1}, {1, 8192, 0}, {1, 2 << 20, 1}} {
+	for _, p := range []KSFParams{{Time: 0, MemoryKiB: 8192, Threads: 1}, {Time: 1, MemoryKiB: 1024, Threads: 1}, {Time: 1, MemoryKiB: 8192, Threads: 0}, {Time: 1, MemoryKiB: 2 << 20, Threads: 1}} {
 		if p.Check() == nil {
 			t.Errorf("%+v accepted", p)
 		}
@@ -121,7 +123,7 @@ func BenchmarkRespond(b *testing.B) {
 	k, _ := GenerateServerKeys()
 	fp := make([]byte, 32)
 	rec, _ := k.Mint("4F", []byte("4F7K2Q9MXZT"), fp, LightestKSF)
-	ctx := BindingContext(make([]byte, 32))
+	ctx := wire.BindingContext(make([]byte, 32))
 	_, ke1, _ := Start(ctx, "4F", []byte("4F7K2Q9MXZT"))
 	b.ReportAllocs()
 	for b.Loop() {

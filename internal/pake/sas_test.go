@@ -4,13 +4,15 @@ import (
 	"bytes"
 	"regexp"
 	"testing"
+
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 // session runs one login and returns both ends' SAS for joinID.
 func session(t *testing.T, k *ServerKeys, rec []byte, p KSFParams, pw []byte, joinID string) (client, server string, err error) {
 	t.Helper()
 	fp := bytes.Repeat([]byte{7}, 32)
-	ctx := BindingContext(bytes.Repeat([]byte{1}, 32))
+	ctx := wire.BindingContext(bytes.Repeat([]byte{1}, 32))
 	cl, ke1, err := Start(ctx, "4F", pw)
 	if err != nil {
 		t.Fatal(err)

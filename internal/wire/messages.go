@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-
-	"github.com/stratumjoin/stratum/internal/pake"
 )
 
 var locatorRE = regexp.MustCompile(`^[A-Za-z0-9_-]{2,64}$`)
@@ -29,8 +27,8 @@ func (m *Hello) Check() error {
 		return fmt.Errorf("protocol version %d, this listener speaks %d", m.Version, Version)
 	case !locatorRE.MatchString(m.Locator):
 		return errors.New("malformed locator")
-	case len(m.KE1) != pake.KE1Size:
-		return fmt.Errorf("KE1 is %d bytes, want %d", len(m.KE1), pake.KE1Size)
+	case len(m.KE1) != KE1Size:
+		return fmt.Errorf("KE1 is %d bytes, want %d", len(m.KE1), KE1Size)
 	case len(m.Attempt) != 0 && len(m.Attempt) != AttemptSize:
 		return fmt.Errorf("attempt commitment is %d bytes, want %d", len(m.Attempt), AttemptSize)
 	}
@@ -48,16 +46,16 @@ const MaxRefunds = 16
 // derives the OPAQUE server identity from the root. KSF are the key
 // stretching parameters the record was minted with.
 type Challenge struct {
-	KE2     []byte         `cbor:"1,keyasint"`
-	CAChain [][]byte       `cbor:"2,keyasint"`
-	KSF     pake.KSFParams `cbor:"3,keyasint"`
+	KE2     []byte    `cbor:"1,keyasint"`
+	CAChain [][]byte  `cbor:"2,keyasint"`
+	KSF     KSFParams `cbor:"3,keyasint"`
 }
 
 func (*Challenge) Type() byte { return TypeChallenge }
 
 func (m *Challenge) Check() error {
-	if len(m.KE2) != pake.KE2Size {
-		return fmt.Errorf("KE2 is %d bytes, want %d", len(m.KE2), pake.KE2Size)
+	if len(m.KE2) != KE2Size {
+		return fmt.Errorf("KE2 is %d bytes, want %d", len(m.KE2), KE2Size)
 	}
 	if err := checkCerts("caChain", m.CAChain); err != nil {
 		return err
@@ -143,8 +141,8 @@ func (*Proof) Type() byte { return TypeProof }
 
 func (m *Proof) Check() error {
 	switch {
-	case len(m.KE3) != pake.KE3Size:
-		return fmt.Errorf("KE3 is %d bytes, want %d", len(m.KE3), pake.KE3Size)
+	case len(m.KE3) != KE3Size:
+		return fmt.Errorf("KE3 is %d bytes, want %d", len(m.KE3), KE3Size)
 	case len(m.CSR) == 0 || len(m.CSR) > 8<<10:
 		return fmt.Errorf("CSR is %d bytes, want 1..8192", len(m.CSR))
 	case len(m.Refunds) > MaxRefunds:

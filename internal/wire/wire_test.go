@@ -9,16 +9,15 @@ import (
 	"testing"
 
 	"github.com/fxamacker/cbor/v2"
-	"github.com/stratumjoin/stratum/internal/pake"
 )
 
 func samples() []Message {
 	cert := bytes.Repeat([]byte{0x30}, 300)
 	return []Message{
-		&Hello{Version: Version, Locator: "4F", KE1: make([]byte, pake.KE1Size)},
-		&Challenge{KE2: make([]byte, pake.KE2Size), CAChain: [][]byte{cert}, KSF: pake.LightestKSF},
-		&Proof{KE3: make([]byte, pake.KE3Size), CSR: []byte{1, 2, 3}, Facts: Facts{ProductUUID: "U", MACs: []string{"aa:bb:cc:dd:ee:ff"}}},
-		&Proof{KE3: make([]byte, pake.KE3Size), CSR: []byte{1}, TPM: &TPMClaim{EKPublic: []byte{1}, EKCert: cert, AKPublic: []byte{2}, KeyPublic: []byte{3}}},
+		&Hello{Version: Version, Locator: "4F", KE1: make([]byte, KE1Size)},
+		&Challenge{KE2: make([]byte, KE2Size), CAChain: [][]byte{cert}, KSF: LightestKSF},
+		&Proof{KE3: make([]byte, KE3Size), CSR: []byte{1, 2, 3}, Facts: Facts{ProductUUID: "U", MACs: []string{"aa:bb:cc:dd:ee:ff"}}},
+		&Proof{KE3: make([]byte, KE3Size), CSR: []byte{1}, TPM: &TPMClaim{EKPublic: []byte{1}, EKCert: cert, AKPublic: []byte{2}, KeyPublic: []byte{3}}},
 		&TPMChallenge{Credential: []byte{1}, Secret: []byte{2}, Nonce: make([]byte, 32)},
 		&TPMAnswer{Secret: []byte{1}, CertifyInfo: []byte{2}, Signature: []byte{3}},
 		&Renew{CSR: []byte{9}},
@@ -27,8 +26,8 @@ func samples() []Message {
 		&Result{Status: StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{cert}, CABundle: [][]byte{cert}, Host: &Host{Name: "h", NetworkID: "n"}},
 		&Result{Status: StatusPending, JoinID: "join-1"},
 		&Result{Status: StatusRefused, Code: CodeStale, Message: "stale"},
-		&Hello{Version: Version, Locator: "4F", KE1: make([]byte, pake.KE1Size), Attempt: bytes.Repeat([]byte{4}, AttemptSize)},
-		&Proof{KE3: make([]byte, pake.KE3Size), CSR: []byte{1}, Refunds: [][]byte{bytes.Repeat([]byte{5}, AttemptSize)}},
+		&Hello{Version: Version, Locator: "4F", KE1: make([]byte, KE1Size), Attempt: bytes.Repeat([]byte{4}, AttemptSize)},
+		&Proof{KE3: make([]byte, KE3Size), CSR: []byte{1}, Refunds: [][]byte{bytes.Repeat([]byte{5}, AttemptSize)}},
 		&Result{Status: StatusRefused, Code: CodeUnavailable, Message: "the listener cannot reach its store", RetryAfter: 5},
 		&Result{Status: StatusRefused, Code: CodeRateLimited, Message: "later", RetryAfter: 30},
 		&Result{Status: StatusPending, JoinID: "join-2", PendingFor: 86400},
@@ -63,10 +62,10 @@ func frame(typ byte, body []byte) []byte {
 }
 
 func TestStrictDecoding(t *testing.T) {
-	good, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F", 3: make([]byte, pake.KE1Size)})
-	unknown, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F", 3: make([]byte, pake.KE1Size), 9: 1})
+	good, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F", 3: make([]byte, KE1Size)})
+	unknown, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F", 3: make([]byte, KE1Size), 9: 1})
 	wrongLen, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F", 3: make([]byte, 10)})
-	badLoc, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F/../x", 3: make([]byte, pake.KE1Size)})
+	badLoc, _ := cbor.Marshal(map[int]any{1: 1, 2: "4F/../x", 3: make([]byte, KE1Size)})
 	dup := append([]byte{0xa4}, good[1:]...)
 	dup = append(dup, 0x01, 0x01) // key 1 again
 	huge := make([]byte, 4)
@@ -107,7 +106,7 @@ func TestEncodeRefusesInvalid(t *testing.T) {
 	if _, err := Encode(&Result{Status: StatusJoined}); err == nil {
 		t.Fatal("invalid result encoded")
 	}
-	big := &Challenge{KE2: make([]byte, pake.KE2Size), CAChain: [][]byte{make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10)}, KSF: pake.LightestKSF}
+	big := &Challenge{KE2: make([]byte, KE2Size), CAChain: [][]byte{make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10), make([]byte, 8<<10)}, KSF: LightestKSF}
 	if _, err := Encode(big); err == nil {
 		t.Fatal("frame over 64 KiB encoded")
 	}

@@ -36,6 +36,10 @@ func TestLayering(t *testing.T) {
 		{module + "/internal/wire", []string{module + "/agent", module + "/listener", module + "/pki", "github.com/google/go-tpm"}},
 		// TPM encodings stay in internal/tpm: wire carries bytes only
 		{module + "/hwid", []string{"github.com/google/go-tpm", module + "/internal/tpm"}},
+		// decoding frames and collecting facts link neither OPAQUE nor
+		// QUIC: the sizes and KSF bounds they check are wire's own
+		{module + "/internal/wire", []string{module + "/internal/pake", "github.com/bytemare", "github.com/quic-go/quic-go"}},
+		{module + "/hwid", []string{module + "/internal/pake", "github.com/bytemare", "github.com/quic-go/quic-go"}},
 	} {
 		for _, d := range deps(t, tc.pkg) {
 			for _, f := range tc.forbidden {

@@ -1,4 +1,4 @@
-package hwid
+package identity
 
 import "testing"
 
@@ -164,8 +164,8 @@ func TestIsUUID(t *testing.T) {
 		{"", false},
 	}
 	for _, tt := range tests {
-		if got := isUUID(tt.in); got != tt.want {
-			t.Errorf("isUUID(%q) = %v, want %v", tt.in, got, tt.want)
+		if got := IsUUID(tt.in); got != tt.want {
+			t.Errorf("IsUUID(%q) = %v, want %v", tt.in, got, tt.want)
 		}
 	}
 }
