@@ -19,6 +19,7 @@ import (
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/listenertest"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // pipeExchange runs the agent's join logic against the listener's join
@@ -47,7 +48,7 @@ func pipeExchange(t *testing.T, l *listenertest.Listener, sec joincode.Secret, p
 }
 
 // listenerCert is a QUIC certificate for the listener, issued by ca.
-func listenerCert(t *testing.T, ca *pki.CA, trustDomain string) [][]byte {
+func listenerCert(t *testing.T, ca *authority.CA, trustDomain string) [][]byte {
 	t.Helper()
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -92,7 +93,7 @@ func TestExchangeOverPipe(t *testing.T) {
 
 	// a QUIC certificate from another CA: the login succeeds, the agent
 	// refuses the listener before it sends its CSR
-	other, err := pki.NewRootCA(td, time.Now())
+	other, err := authority.NewRootCA(td, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,14 +17,14 @@ import (
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/listenertest"
-	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // hangingListener accepts renewals with the real listener's certificate
 // and never answers them.
 func hangingListener(t *testing.T, l *listenertest.Listener) string {
 	t.Helper()
-	keys := pki.KeyDir{Path: filepath.Join(l.DataDir, "keys")}
+	keys := authority.KeyDir{Path: filepath.Join(l.DataDir, "keys")}
 	ca, err := keys.LoadCA()
 	if err != nil {
 		t.Fatal(err)

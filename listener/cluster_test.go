@@ -21,6 +21,7 @@ import (
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/listenertest"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // waitFor polls cond until it holds or the (generous) deadline passes.
@@ -128,7 +129,7 @@ func assertNoKeyMaterial(t *testing.T, st store.Store, dataDir string) {
 	if hits := secretscan.Bytes("store", all.Bytes(), needles); len(hits) != 0 {
 		t.Errorf("the store holds key material in clear: %v", hits[0])
 	}
-	roots, err := pki.ParseCertsPEM(mustRead(t, filepath.Join(dataDir, "keys", pki.RootsFile)))
+	roots, err := pki.ParseCertsPEM(mustRead(t, filepath.Join(dataDir, "keys", authority.RootsFile)))
 	if err != nil {
 		t.Fatal(err)
 	}

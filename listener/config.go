@@ -30,6 +30,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // DefaultPort is the join listener's UDP port.
@@ -95,7 +96,7 @@ var ErrAlreadyInitialized = errors.New("data directory is already initialized")
 // listener's QUIC certificate, the OPAQUE keys, the key-encryption key and
 // listener.json. With a store it also seals the keys into the store, and
 // with Join it takes them from there (docs/cluster.md).
-func Init(ctx context.Context, cfg InitConfig) (*pki.CA, error) {
+func Init(ctx context.Context, cfg InitConfig) (*authority.CA, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("init: no data directory given")
 	}
@@ -159,28 +160,28 @@ func Init(ctx context.Context, cfg InitConfig) (*pki.CA, error) {
 		return nil, fmt.Errorf("init: %w", err)
 	}
 	if cfg.NodeLifetime == 0 {
-		cfg.NodeLifetime = pki.DefaultNodeLifetime
+		cfg.NodeLifetime = authority.DefaultNodeLifetime
 	}
 	keys := filepath.Join(cfg.DataDir, "keys")
 	if err := makeDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	var ca *pki.CA
+	var ca *authority.CA
 	var err error
 	if cfg.CACertPEM != nil {
-		ca, err = pki.ImportCA(cfg.CACertPEM, cfg.CAKeyPEM)
+		ca, err = authority.ImportCA(cfg.CACertPEM, cfg.CAKeyPEM)
 	} else {
-		ca, err = pki.NewRootCA(cfg.TrustDomain, cfg.Now)
+		ca, err = authority.NewRootCA(cfg.TrustDomain, cfg.Now)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
-	dns, ips, err := pki.ListenerNames(cfg.Endpoints)
+	dns, ips, err := authority.ListenerNames(cfg.Endpoints)
 	if err != nil {
 		return nil, fmt.Errorf("init: %w", err)
 	}
-	if _, err := (pki.KeyDir{Path: keys}).Init(ca, pki.ListenerConfig{TrustDomain: cfg.TrustDomain, DNSNames: dns, IPs: ips}, cfg.Now); err != nil {
-		if errors.Is(err, pki.ErrInitialized) {
+	if _, err := (authority.KeyDir{Path: keys}).Init(ca, authority.ListenerConfig{TrustDomain: cfg.TrustDomain, DNSNames: dns, IPs: ips}, cfg.Now); err != nil {
+		if errors.Is(err, authority.ErrInitialized) {
 			return nil, fmt.Errorf("init %s: %w", cfg.DataDir, ErrAlreadyInitialized)
 		}
 		return nil, err
@@ -247,7 +248,7 @@ func writeSettings(dataDir string, s Settings) error {
 // initJoin makes a listener of the cluster whose sealed keys are in the
 // store: the keys and settings are the cluster's, the listener certificate
 // and endpoints its own.
-func initJoin(ctx context.Context, cfg InitConfig, cl *cluster.Cluster) (*pki.CA, error) {
+func initJoin(ctx context.Context, cfg InitConfig, cl *cluster.Cluster) (*authority.CA, error) {
 	if cfg.CACertPEM != nil {
 		return nil, errors.New("init --join: the CA is the cluster's; --ca-cert does not apply")
 	}
@@ -276,7 +277,7 @@ func initJoin(ctx context.Context, cfg InitConfig, cl *cluster.Cluster) (*pki.CA
 	if err := makeDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	if _, err := os.Lstat(filepath.Join(keys, pki.CAKeyFile)); err == nil {
+	if _, err := os.Lstat(filepath.Join(keys, authority.CAKeyFile)); err == nil {
 		return nil, fmt.Errorf("init %s: %w", cfg.DataDir, ErrAlreadyInitialized)
 	}
 	if err := writeLocalIdentity(keys, pub, sec); err != nil {
@@ -285,16 +286,16 @@ func initJoin(ctx context.Context, cfg InitConfig, cl *cluster.Cluster) (*pki.CA
 	if err := pki.WriteSecretFile(filepath.Join(keys, KEKFile), kek.Encode()); err != nil {
 		return nil, fmt.Errorf("init --join: write key-encryption key: %w", err)
 	}
-	kd := pki.KeyDir{Path: keys}
+	kd := authority.KeyDir{Path: keys}
 	ca, err := kd.LoadCA()
 	if err != nil {
 		return nil, fmt.Errorf("init --join: %w", err)
 	}
-	dns, ips, err := pki.ListenerNames(cfg.Endpoints)
+	dns, ips, err := authority.ListenerNames(cfg.Endpoints)
 	if err != nil {
 		return nil, fmt.Errorf("init --join: %w", err)
 	}
-	if _, err := kd.IssueListenerCert(ca, pki.ListenerConfig{TrustDomain: pub.TrustDomain, DNSNames: dns, IPs: ips}, cfg.Now); err != nil {
+	if _, err := kd.IssueListenerCert(ca, authority.ListenerConfig{TrustDomain: pub.TrustDomain, DNSNames: dns, IPs: ips}, cfg.Now); err != nil {
 		return nil, fmt.Errorf("init --join: %w", err)
 	}
 	if err := cl.AddEndpoints(ctx, cfg.Endpoints); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // Stream is what the join logic needs of a transport: QUIC in production,
@@ -182,7 +183,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		if req.Attempt.Counted {
 			l.leaseQueue.release(req.Attempt.Secret.ID) // proven or not, its lease is gone
 		}
-		if errors.Is(err, pki.ErrInvalidCSR) {
+		if errors.Is(err, authority.ErrInvalidCSR) {
 			l.uncount(req.Attempt)
 			return wire.CloseDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 		}
@@ -266,7 +267,7 @@ func (l *Listener) issuer(csr []byte) cluster.Issuer {
 		l.mu.RLock()
 		ca := l.ca
 		l.mu.RUnlock()
-		der, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: l.settings.TrustDomain, Role: role, Lifetime: time.Duration(l.settings.NodeLifetime), Now: l.now()})
+		der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: l.settings.TrustDomain, Role: role, Lifetime: time.Duration(l.settings.NodeLifetime), Now: l.now()})
 		if err != nil {
 			return cluster.Cert{}, err
 		}

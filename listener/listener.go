@@ -32,6 +32,7 @@ import (
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/registry"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // Config is what `stratum-listener serve` wires.
@@ -139,7 +140,7 @@ type Listener struct {
 	settings Settings
 	logger   *slog.Logger
 	now      func() time.Time
-	keys     pki.KeyDir
+	keys     authority.KeyDir
 	opaque   *pake.ServerKeys
 	// opaqueRaw is opaque.key as read at start, to tell whether the
 	// cluster's copy in the store still matches it.
@@ -154,7 +155,7 @@ type Listener struct {
 	ksfMem   memReturner // see returnKSFMemory
 
 	mu       sync.RWMutex
-	ca       *pki.CA
+	ca       *authority.CA
 	caFP     string
 	tlsCert  tls.Certificate
 	roots    []*x509.Certificate
@@ -227,7 +228,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: pki.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
+	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: authority.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store
@@ -317,7 +318,7 @@ func (l *Listener) loadCA() error {
 }
 
 // CA returns the current CA and its fingerprint.
-func (l *Listener) CA() (*pki.CA, string) {
+func (l *Listener) CA() (*authority.CA, string) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.ca, l.caFP

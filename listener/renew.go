@@ -12,6 +12,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // renew serves one renewal on a mutually authenticated connection.
@@ -79,7 +80,7 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	t0 := time.Now()
 	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(req.CSR)})
 	l.metrics.storeOp("renew", t0, err)
-	if errors.Is(err, pki.ErrInvalidCSR) {
+	if errors.Is(err, authority.ErrInvalidCSR) {
 		// a weak key or a type we do not accept: named, and read by the
 		// agent before the connection closes
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request's key is not one this cluster accepts: " + err.Error()}

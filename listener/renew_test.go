@@ -21,6 +21,7 @@ import (
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/listenertest"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // fakeNow is a clock that moves only when the test says.
@@ -271,7 +272,7 @@ func TestRenewAcrossCARotation(t *testing.T) {
 
 	// Retire the old root: the cluster's bundle holds only the new one.
 	f.l.Stop()
-	if err := pki.WriteFile(filepath.Join(f.l.DataDir, "keys", pki.RootsFile), pki.EncodeCertsPEM([]*x509.Certificate{newRoot}), 0o600); err != nil {
+	if err := pki.WriteFile(filepath.Join(f.l.DataDir, "keys", authority.RootsFile), pki.EncodeCertsPEM([]*x509.Certificate{newRoot}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	pc, err := net.ListenPacket("udp", f.l.Endpoint)

@@ -18,6 +18,7 @@ import (
 	"github.com/stratumjoin/stratum/internal/keyseal"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // The cluster identity: what every listener of one cluster must hold alike
@@ -84,15 +85,15 @@ func readLocalIdentity(keyDir string, s Settings) (sharedPublic, sharedSecret, e
 	var pub sharedPublic
 	var sec sharedSecret
 	read := func(name string) ([]byte, error) { return os.ReadFile(filepath.Join(keyDir, name)) }
-	chain, err := read(pki.CACertFile)
+	chain, err := read(authority.CACertFile)
 	if err != nil {
 		return pub, sec, err
 	}
-	roots, err := read(pki.RootsFile)
+	roots, err := read(authority.RootsFile)
 	if err != nil {
 		return pub, sec, err
 	}
-	if sec.CAKey, err = read(pki.CAKeyFile); err != nil {
+	if sec.CAKey, err = read(authority.CAKeyFile); err != nil {
 		return pub, sec, err
 	}
 	if sec.OPAQUE, err = read(opaqueKeyFile); err != nil {
@@ -100,7 +101,7 @@ func readLocalIdentity(keyDir string, s Settings) (sharedPublic, sharedSecret, e
 	}
 	certs, err := pki.ParseCertsPEM(chain)
 	if err != nil {
-		return pub, sec, fmt.Errorf("%s: %w", pki.CACertFile, err)
+		return pub, sec, fmt.Errorf("%s: %w", authority.CACertFile, err)
 	}
 	pub = sharedPublic{
 		TrustDomain: s.TrustDomain, KSF: s.KSF, NodeLifetime: s.NodeLifetime,
@@ -129,9 +130,9 @@ func writeLocalIdentity(keyDir string, pub sharedPublic, sec sharedSecret) error
 	}
 	files = append(files,
 		pki.File{Name: opaqueKeyFile, Data: sec.OPAQUE, Mode: 0o600},
-		pki.File{Name: pki.RootsFile, Data: []byte(pub.Roots), Mode: 0o600},
-		pki.File{Name: pki.CACertFile, Data: []byte(pub.CAChain), Mode: 0o600},
-		pki.File{Name: pki.CAKeyFile, Data: sec.CAKey, Mode: 0o600},
+		pki.File{Name: authority.RootsFile, Data: []byte(pub.Roots), Mode: 0o600},
+		pki.File{Name: authority.CACertFile, Data: []byte(pub.CAChain), Mode: 0o600},
+		pki.File{Name: authority.CAKeyFile, Data: sec.CAKey, Mode: 0o600},
 	)
 	return pki.WriteFiles(keyDir, files)
 }

@@ -51,10 +51,10 @@ func WriteFile(path string, data []byte, mode os.FileMode) error {
 	return nil
 }
 
-// createSecretFile is WriteSecretFile that refuses to replace an existing
+// CreateSecretFile is WriteSecretFile that refuses to replace an existing
 // file: the final step is link(2), which fails if path exists, so of two
 // racing writers exactly one wins. The error wraps fs.ErrExist.
-func createSecretFile(path string, data []byte) error {
+func CreateSecretFile(path string, data []byte) error {
 	if err := ensurePrivateDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
@@ -104,11 +104,12 @@ func writeAtomic(path string, data []byte, mode os.FileMode, exclusive bool) (er
 	} else if err = os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
-// syncDir makes a rename or link in dir durable.
-func syncDir(dir string) error {
+// SyncDir makes a rename, link or removal in dir durable: it fsyncs the
+// directory itself.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -193,5 +194,5 @@ func WriteFiles(dir string, files []File) error {
 			return err
 		}
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }

@@ -179,3 +179,20 @@ func TestWriteFiles(t *testing.T) {
 		t.Fatal("wrote into a 0755 directory")
 	}
 }
+
+func TestCreateSecretFileIsExclusive(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	path := filepath.Join(dir, "ca.key")
+	if err := pki.CreateSecretFile(path, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	err := pki.CreateSecretFile(path, []byte("second"))
+	if !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("second create: %v, want an exists error", err)
+	}
+	got, _ := os.ReadFile(path)
+	entries, _ := os.ReadDir(dir)
+	if string(got) != "first" || len(entries) != 1 {
+		t.Errorf("content %q, %d entries; want the first write alone", got, len(entries))
+	}
+}

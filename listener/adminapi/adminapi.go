@@ -35,14 +35,14 @@ import (
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/listener/registry"
-	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // Core is what the admin API needs of the listener.
 type Core interface {
 	Cluster() *cluster.Cluster
 	Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.Secret, joincode.Secret, error)
-	CA() (*pki.CA, string)
+	CA() (*authority.CA, string)
 	Roots() []*x509.Certificate
 	RotateCA(ctx context.Context, actor string) (string, error)
 	RetireCA(ctx context.Context, actor string) (int, error)

@@ -19,15 +19,16 @@ import (
 	"time"
 
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 )
 
 // TrustDomain is the trust domain of the CAs this package makes.
 const TrustDomain = "test.example"
 
 // NewCA returns a fresh root CA for TrustDomain, valid from now.
-func NewCA(t testing.TB) *pki.CA {
+func NewCA(t testing.TB) *authority.CA {
 	t.Helper()
-	ca, err := pki.NewRootCA(TrustDomain, time.Now())
+	ca, err := authority.NewRootCA(TrustDomain, time.Now())
 	if err != nil {
 		t.Fatalf("pkitest: new root ca: %v", err)
 	}

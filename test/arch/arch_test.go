@@ -40,6 +40,10 @@ func TestLayering(t *testing.T) {
 		// QUIC: the sizes and KSF bounds they check are wire's own
 		{module + "/internal/wire", []string{module + "/internal/pake", "github.com/bytemare", "github.com/quic-go/quic-go"}},
 		{module + "/hwid", []string{module + "/internal/pake", "github.com/bytemare", "github.com/quic-go/quic-go"}},
+		// the agent verifies chains but never makes certificates: it
+		// links pki, not the CA, the issuer or the key directory
+		{module + "/agent/...", []string{module + "/pki/authority"}},
+		{module + "/cmd/stratum-agent", []string{module + "/pki/authority"}},
 	} {
 		for _, d := range deps(t, tc.pkg) {
 			for _, f := range tc.forbidden {

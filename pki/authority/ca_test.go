@@ -1,4 +1,4 @@
-package pki_test
+package authority_test
 
 import (
 	"crypto/ecdsa"
@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 	"github.com/stratumjoin/stratum/pki/pkitest"
 )
 
 func TestNewRootCA(t *testing.T) {
 	now := time.Date(2026, 3, 4, 23, 30, 0, 0, time.FixedZone("x", -5*3600)) // 2026-03-05 in UTC
-	ca, err := pki.NewRootCA("prod.example", now)
+	ca, err := authority.NewRootCA("prod.example", now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,18 +50,18 @@ func TestNewRootCA(t *testing.T) {
 	if len(ca.Chain()) != 1 || ca.Cert() != root || !ca.IsRoot() {
 		t.Error("a new root's chain is not just the root")
 	}
-	if _, err := pki.NewRootCA("Not A Trust Domain", now); err == nil {
+	if _, err := authority.NewRootCA("Not A Trust Domain", now); err == nil {
 		t.Error("an invalid trust domain was accepted")
 	}
 }
 
 func TestTwoRootsOfOneDayHaveDistinctNames(t *testing.T) {
 	now := time.Now()
-	a, err := pki.NewRootCA(pkitest.TrustDomain, now)
+	a, err := authority.NewRootCA(pkitest.TrustDomain, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := pki.NewRootCA(pkitest.TrustDomain, now)
+	b, err := authority.NewRootCA(pkitest.TrustDomain, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestTwoRootsOfOneDayHaveDistinctNames(t *testing.T) {
 
 func TestImportIntermediate(t *testing.T) {
 	ext := pkitest.NewExternalCA(t)
-	ca, err := pki.ImportCA(ext.ChainPEM, ext.KeyPEM)
+	ca, err := authority.ImportCA(ext.ChainPEM, ext.KeyPEM)
 	if err != nil {
 		t.Fatalf("ImportCA: %v", err)
 	}
@@ -89,7 +90,7 @@ func TestImportIntermediate(t *testing.T) {
 	}
 
 	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	der, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 	if err != nil {
 		t.Fatalf("IssueNode: %v", err)
 	}
@@ -104,7 +105,7 @@ func TestImportIntermediate(t *testing.T) {
 		t.Errorf("VerifyNodeChain: %v", err)
 	}
 
-	if _, _, err := ca.Rotate(pkitest.TrustDomain, time.Now()); !errors.Is(err, pki.ErrNotRoot) {
+	if _, _, err := ca.Rotate(pkitest.TrustDomain, time.Now()); !errors.Is(err, authority.ErrNotRoot) {
 		t.Errorf("Rotate of an intermediate: %v, want ErrNotRoot", err)
 	}
 }
@@ -112,7 +113,7 @@ func TestImportIntermediate(t *testing.T) {
 func TestImportOwnRootRoundTrips(t *testing.T) {
 	ca := pkitest.NewCA(t)
 	keyPEM := exportKey(t, ca)
-	again, err := pki.ImportCA(pki.EncodeCertsPEM(ca.Chain()), keyPEM)
+	again, err := authority.ImportCA(pki.EncodeCertsPEM(ca.Chain()), keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,13 +124,13 @@ func TestImportOwnRootRoundTrips(t *testing.T) {
 
 // exportKey gets a CA's key out the way an operator would: through a key
 // directory.
-func exportKey(t *testing.T, ca *pki.CA) []byte {
+func exportKey(t *testing.T, ca *authority.CA) []byte {
 	t.Helper()
-	dir := pki.KeyDir{Path: t.TempDir() + "/keys"}
-	if _, err := dir.Init(ca, pki.ListenerConfig{TrustDomain: pkitest.TrustDomain}, time.Now()); err != nil {
+	dir := authority.KeyDir{Path: t.TempDir() + "/keys"}
+	if _, err := dir.Init(ca, authority.ListenerConfig{TrustDomain: pkitest.TrustDomain}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	return readFile(t, dir.Path+"/"+pki.CAKeyFile)
+	return readFile(t, dir.Path+"/"+authority.CAKeyFile)
 }
 
 func TestImportCARefuses(t *testing.T) {
@@ -193,7 +194,7 @@ func TestImportCARefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := pki.ImportCA(pki.EncodeCertsPEM(tt.certs), tt.keyPEM)
+			_, err := authority.ImportCA(pki.EncodeCertsPEM(tt.certs), tt.keyPEM)
 			if err == nil {
 				t.Fatal("ImportCA accepted it")
 			}
@@ -205,7 +206,7 @@ func TestImportCARefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, err := pki.ImportCA([]byte("garbage"), ext.KeyPEM); err == nil {
+	if _, err := authority.ImportCA([]byte("garbage"), ext.KeyPEM); err == nil {
 		t.Error("garbage certificate accepted")
 	}
 }
@@ -214,7 +215,7 @@ func TestRotate(t *testing.T) {
 	old := pkitest.NewCA(t)
 	now := time.Now()
 	oldNodeCSR, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	oldNodeDER, err := old.IssueNode(pki.NodeRequest{CSR: oldNodeCSR, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode, Now: now})
+	oldNodeDER, err := old.IssueNode(authority.NodeRequest{CSR: oldNodeCSR, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func TestRotate(t *testing.T) {
 		t.Errorf("a node certificate of the old CA no longer verifies under [new, old]: %v", err)
 	}
 	newCSR, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	newNodeDER, err := next.IssueNode(pki.NodeRequest{CSR: newCSR, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode, Now: now})
+	newNodeDER, err := next.IssueNode(authority.NodeRequest{CSR: newCSR, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package pki
+package authority
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/stratumjoin/stratum/pki"
 )
 
 // Files in a KeyDir. All are 0600 in a 0700 directory, public ones too:
@@ -38,7 +40,7 @@ const (
 // CrossCertFile names the file holding the cross certificate of root: the
 // root's subject and key signed by the root before it.
 func CrossCertFile(root *x509.Certificate) string {
-	fp := FingerprintOf(root)
+	fp := pki.FingerprintOf(root)
 	return "cross-" + hex.EncodeToString(fp[:8]) + ".crt"
 }
 
@@ -79,11 +81,11 @@ func (d KeyDir) Init(ca *CA, listener ListenerConfig, now time.Time) (tls.Certif
 			return tls.Certificate{}, fmt.Errorf("init %s: %w (%s exists)", d.Path, ErrInitialized, name)
 		}
 	}
-	keyPEM, err := MarshalPrivateKeyPEM(ca.signer)
+	keyPEM, err := pki.MarshalPrivateKeyPEM(ca.signer)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("init %s: %w", d.Path, err)
 	}
-	if err := createSecretFile(d.file(CAKeyFile), keyPEM); err != nil {
+	if err := pki.CreateSecretFile(d.file(CAKeyFile), keyPEM); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return tls.Certificate{}, fmt.Errorf("init %s: %w", d.Path, ErrInitialized)
 		}
@@ -100,10 +102,10 @@ func (d KeyDir) Init(ca *CA, listener ListenerConfig, now time.Time) (tls.Certif
 }
 
 func (d KeyDir) initRest(ca *CA, listener ListenerConfig, now time.Time) (tls.Certificate, error) {
-	if err := WriteSecretFile(d.file(CACertFile), EncodeCertsPEM(ca.chain)); err != nil {
+	if err := pki.WriteSecretFile(d.file(CACertFile), pki.EncodeCertsPEM(ca.chain)); err != nil {
 		return tls.Certificate{}, err
 	}
-	if err := WriteSecretFile(d.file(RootsFile), EncodeCertsPEM([]*x509.Certificate{ca.Root()})); err != nil {
+	if err := pki.WriteSecretFile(d.file(RootsFile), pki.EncodeCertsPEM([]*x509.Certificate{ca.Root()})); err != nil {
 		return tls.Certificate{}, err
 	}
 	return d.IssueListenerCert(ca, listener, now)
@@ -141,11 +143,11 @@ func (d KeyDir) readCA(certName, keyName string) ([]*x509.Certificate, crypto.Si
 	if err != nil {
 		return nil, nil, err
 	}
-	key, err := ParsePrivateKeyPEM(keyPEM)
+	key, err := pki.ParsePrivateKeyPEM(keyPEM)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", keyName, err)
 	}
-	chain, err := ParseCertsPEM(certPEM)
+	chain, err := pki.ParseCertsPEM(certPEM)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", certName, err)
 	}
@@ -185,7 +187,7 @@ func (d KeyDir) Roots() ([]*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read roots: %w", err)
 	}
-	roots, err := ParseCertsPEM(data)
+	roots, err := pki.ParseCertsPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("read roots from %s: %w", d.Path, err)
 	}
@@ -202,7 +204,7 @@ func (d KeyDir) RetiredRoots() ([]*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read retired roots: %w", err)
 	}
-	return ParseCertsPEM(data)
+	return pki.ParseCertsPEM(data)
 }
 
 // Retire ends every root but the current CA's: roots.pem keeps only the
@@ -230,10 +232,10 @@ func (d KeyDir) Retire() ([]*x509.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := WriteSecretFile(d.file(RetiredRootsFile), EncodeCertsPEM(append(retired, before...))); err != nil {
+	if err := pki.WriteSecretFile(d.file(RetiredRootsFile), pki.EncodeCertsPEM(append(retired, before...))); err != nil {
 		return nil, fmt.Errorf("retire: %w", err)
 	}
-	if err := WriteSecretFile(d.file(RootsFile), EncodeCertsPEM([]*x509.Certificate{ca.Root()})); err != nil {
+	if err := pki.WriteSecretFile(d.file(RootsFile), pki.EncodeCertsPEM([]*x509.Certificate{ca.Root()})); err != nil {
 		return nil, fmt.Errorf("retire: %w", err)
 	}
 	return retired, nil
@@ -250,7 +252,7 @@ func (d KeyDir) ensureRoot(root *x509.Certificate) error {
 			return nil
 		}
 	}
-	return WriteSecretFile(d.file(RootsFile), EncodeCertsPEM(append([]*x509.Certificate{root}, roots...)))
+	return pki.WriteSecretFile(d.file(RootsFile), pki.EncodeCertsPEM(append([]*x509.Certificate{root}, roots...)))
 }
 
 // CrossCert reads the cross certificate for root, made when root replaced
@@ -261,7 +263,7 @@ func (d KeyDir) CrossCert(root *x509.Certificate) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read cross certificate: %w", err)
 	}
-	certs, err := ParseCertsPEM(data)
+	certs, err := pki.ParseCertsPEM(data)
 	if err != nil {
 		return nil, fmt.Errorf("read cross certificate: %w", err)
 	}
@@ -300,16 +302,16 @@ func (d KeyDir) IssueListenerCert(ca *CA, listener ListenerConfig, now time.Time
 	}
 	chain = append(chain, ca.Intermediates()...)
 
-	keyPEM, err := MarshalPrivateKeyPEM(key)
+	keyPEM, err := pki.MarshalPrivateKeyPEM(key)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("issue listener certificate: %w", err)
 	}
 	// Key first: a crash between the two writes leaves a certificate that
 	// does not match the key, which LoadOrCreateListenerCert replaces.
-	if err := WriteSecretFile(d.file(ListenerKeyFile), keyPEM); err != nil {
+	if err := pki.WriteSecretFile(d.file(ListenerKeyFile), keyPEM); err != nil {
 		return tls.Certificate{}, fmt.Errorf("issue listener certificate: %w", err)
 	}
-	if err := WriteSecretFile(d.file(ListenerCertFile), EncodeCertsPEM(chain)); err != nil {
+	if err := pki.WriteSecretFile(d.file(ListenerCertFile), pki.EncodeCertsPEM(chain)); err != nil {
 		return tls.Certificate{}, fmt.Errorf("issue listener certificate: %w", err)
 	}
 	return tlsCertificate(chain, key), nil
@@ -340,7 +342,7 @@ func (d KeyDir) LoadListenerCert(ca *CA, trustDomain string, now time.Time) (tls
 		return tls.Certificate{}, fmt.Errorf("load listener certificate: %w", ErrListenerCertStale)
 	}
 	cert := tlsCertificate(chain, key)
-	if _, _, err := VerifyListenerChain(cert.Certificate, []*x509.Certificate{ca.Root()}, trustDomain, now); err != nil {
+	if _, _, err := pki.VerifyListenerChain(cert.Certificate, []*x509.Certificate{ca.Root()}, trustDomain, now); err != nil {
 		return tls.Certificate{}, fmt.Errorf("load listener certificate: %w", err)
 	}
 	return cert, nil
@@ -400,7 +402,7 @@ func (d KeyDir) readListenerChain() ([]*x509.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ParseCertsPEM(data)
+	return pki.ParseCertsPEM(data)
 }
 
 // Rotate replaces the directory's root CA with a new one for trustDomain
@@ -442,7 +444,7 @@ func (d KeyDir) Rotate(trustDomain string, now time.Time) (*CA, tls.Certificate,
 }
 
 func (d KeyDir) stageRotation(ca, next *CA, cross *x509.Certificate) error {
-	if err := WriteSecretFile(d.file(CrossCertFile(next.Root())), EncodeCertsPEM([]*x509.Certificate{cross})); err != nil {
+	if err := pki.WriteSecretFile(d.file(CrossCertFile(next.Root())), pki.EncodeCertsPEM([]*x509.Certificate{cross})); err != nil {
 		return err
 	}
 	roots, err := d.Roots()
@@ -457,17 +459,17 @@ func (d KeyDir) stageRotation(ca, next *CA, cross *x509.Certificate) error {
 			bundle = append(bundle, r)
 		}
 	}
-	if err := WriteSecretFile(d.file(RootsFile), EncodeCertsPEM(bundle)); err != nil {
+	if err := pki.WriteSecretFile(d.file(RootsFile), pki.EncodeCertsPEM(bundle)); err != nil {
 		return err
 	}
-	keyPEM, err := MarshalPrivateKeyPEM(next.signer)
+	keyPEM, err := pki.MarshalPrivateKeyPEM(next.signer)
 	if err != nil {
 		return err
 	}
-	if err := WriteSecretFile(d.file(nextCACertFile), EncodeCertsPEM(next.chain)); err != nil {
+	if err := pki.WriteSecretFile(d.file(nextCACertFile), pki.EncodeCertsPEM(next.chain)); err != nil {
 		return err
 	}
-	return WriteSecretFile(d.file(nextCAKeyFile), keyPEM)
+	return pki.WriteSecretFile(d.file(nextCAKeyFile), keyPEM)
 }
 
 func (d KeyDir) commitRotation() error {
@@ -477,7 +479,7 @@ func (d KeyDir) commitRotation() error {
 	if err := os.Rename(d.file(nextCACertFile), d.file(CACertFile)); err != nil {
 		return err
 	}
-	return syncDir(d.Path)
+	return pki.SyncDir(d.Path)
 }
 
 // finishRotation brings the directory to a consistent state after a crash
@@ -501,7 +503,7 @@ func (d KeyDir) finishRotation() error {
 		if err != nil {
 			return err
 		}
-		key, err := ParsePrivateKeyPEM(keyPEM)
+		key, err := pki.ParsePrivateKeyPEM(keyPEM)
 		if err != nil {
 			return fmt.Errorf("%s: %w", CAKeyFile, err)
 		}
@@ -509,14 +511,14 @@ func (d KeyDir) finishRotation() error {
 		if err != nil {
 			return err
 		}
-		chain, err := ParseCertsPEM(certPEM)
+		chain, err := pki.ParseCertsPEM(certPEM)
 		if err != nil || !publicKeysEqual(key.Public(), chain[0].PublicKey) {
 			return d.discardRotation()
 		}
 		if err := os.Rename(d.file(nextCACertFile), d.file(CACertFile)); err != nil {
 			return err
 		}
-		return syncDir(d.Path)
+		return pki.SyncDir(d.Path)
 	}
 	return nil
 }
@@ -527,7 +529,7 @@ func (d KeyDir) discardRotation() error {
 			return err
 		}
 	}
-	return syncDir(d.Path)
+	return pki.SyncDir(d.Path)
 }
 
 // ListenerNames turns endpoints as given to init (--endpoint HOST:PORT, the

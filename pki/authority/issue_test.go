@@ -1,4 +1,4 @@
-package pki_test
+package authority_test
 
 import (
 	"crypto"
@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 	"github.com/stratumjoin/stratum/pki/pkitest"
 )
 
@@ -89,7 +90,7 @@ func TestIssueNodeDecidesEveryField(t *testing.T) {
 			}
 			nodeID := mustNodeID(t)
 			now := time.Now()
-			der, err := ca.IssueNode(pki.NodeRequest{
+			der, err := ca.IssueNode(authority.NodeRequest{
 				CSR: csrDER, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: tt.role, Now: now,
 			})
 			if err != nil {
@@ -122,7 +123,7 @@ func TestIssueNodeDecidesEveryField(t *testing.T) {
 			if want := now.Add(-time.Minute).Truncate(time.Second); !cert.NotBefore.Equal(want) {
 				t.Errorf("not before = %v, want %v", cert.NotBefore, want)
 			}
-			if want := now.Add(pki.DefaultNodeLifetime).Truncate(time.Second); !cert.NotAfter.Equal(want) {
+			if want := now.Add(authority.DefaultNodeLifetime).Truncate(time.Second); !cert.NotAfter.Equal(want) {
 				t.Errorf("not after = %v, want %v", cert.NotAfter, want)
 			}
 			if bits := cert.SerialNumber.BitLen(); bits > 128 || cert.SerialNumber.Sign() <= 0 {
@@ -154,7 +155,7 @@ func TestIssueNodeSerialsDiffer(t *testing.T) {
 	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
 	seen := map[string]bool{}
 	for range 20 {
-		der, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+		der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,11 +204,11 @@ func TestIssueNodeRefusesCSR(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			der, err := ca.IssueNode(pki.NodeRequest{CSR: tt.csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+			der, err := ca.IssueNode(authority.NodeRequest{CSR: tt.csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 			if err == nil {
 				t.Fatalf("IssueNode accepted it and issued %d bytes", len(der))
 			}
-			if !errors.Is(err, pki.ErrInvalidCSR) {
+			if !errors.Is(err, authority.ErrInvalidCSR) {
 				t.Errorf("error %q does not wrap ErrInvalidCSR", err)
 			}
 			if !strings.Contains(err.Error(), tt.wantMsg) {
@@ -257,25 +258,25 @@ func derHeader(tag byte, n int) []byte {
 func TestIssueNodeRefusesBadRequest(t *testing.T) {
 	ca := pkitest.NewCA(t)
 	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	valid := pki.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode}
+	valid := authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode}
 	tests := []struct {
 		name   string
-		modify func(*pki.NodeRequest)
+		modify func(*authority.NodeRequest)
 	}{
-		{"node id not canonical", func(r *pki.NodeRequest) { r.NodeID = strings.ToUpper(r.NodeID) }},
-		{"node id empty", func(r *pki.NodeRequest) { r.NodeID = "" }},
-		{"node id with a slash", func(r *pki.NodeRequest) { r.NodeID = "node-0000000000000/../listener" }},
-		{"role unknown", func(r *pki.NodeRequest) { r.Role = "listener" }},
-		{"role empty", func(r *pki.NodeRequest) { r.Role = "" }},
-		{"trust domain with a path", func(r *pki.NodeRequest) { r.TrustDomain = "example.org/listener" }},
-		{"trust domain upper case", func(r *pki.NodeRequest) { r.TrustDomain = "Example.org" }},
-		{"negative lifetime", func(r *pki.NodeRequest) { r.Lifetime = -time.Hour }},
+		{"node id not canonical", func(r *authority.NodeRequest) { r.NodeID = strings.ToUpper(r.NodeID) }},
+		{"node id empty", func(r *authority.NodeRequest) { r.NodeID = "" }},
+		{"node id with a slash", func(r *authority.NodeRequest) { r.NodeID = "node-0000000000000/../listener" }},
+		{"role unknown", func(r *authority.NodeRequest) { r.Role = "listener" }},
+		{"role empty", func(r *authority.NodeRequest) { r.Role = "" }},
+		{"trust domain with a path", func(r *authority.NodeRequest) { r.TrustDomain = "example.org/listener" }},
+		{"trust domain upper case", func(r *authority.NodeRequest) { r.TrustDomain = "Example.org" }},
+		{"negative lifetime", func(r *authority.NodeRequest) { r.Lifetime = -time.Hour }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := valid
 			tt.modify(&req)
-			if _, err := ca.IssueNode(req); !errors.Is(err, pki.ErrInvalidRequest) {
+			if _, err := ca.IssueNode(req); !errors.Is(err, authority.ErrInvalidRequest) {
 				t.Fatalf("IssueNode error = %v, want ErrInvalidRequest", err)
 			}
 		})
@@ -302,7 +303,7 @@ func TestIssueNodeLifetime(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			der, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode, Lifetime: tt.lifetime, Now: tt.now})
+			der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode, Lifetime: tt.lifetime, Now: tt.now})
 			if tt.want.IsZero() {
 				if err == nil || !strings.Contains(err.Error(), "ca expired") {
 					t.Fatalf("IssueNode error = %v, want ca expired", err)
@@ -349,7 +350,7 @@ func TestIssueListener(t *testing.T) {
 	}
 
 	for _, bad := range []string{"*.example.org", "", "a..b", "-x.example", "x y"} {
-		if _, err := ca.IssueListener(key.Public(), pkitest.TrustDomain, []string{bad}, nil, time.Now()); !errors.Is(err, pki.ErrInvalidRequest) {
+		if _, err := ca.IssueListener(key.Public(), pkitest.TrustDomain, []string{bad}, nil, time.Now()); !errors.Is(err, authority.ErrInvalidRequest) {
 			t.Errorf("dns name %q: error %v, want ErrInvalidRequest", bad, err)
 		}
 	}
@@ -363,7 +364,7 @@ func TestIdentitiesDoNotCross(t *testing.T) {
 	roots := []*x509.Certificate{ca.Root()}
 	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
 	nodeID := mustNodeID(t)
-	nodeDER, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	nodeDER, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 	if err != nil {
 		t.Fatal(err)
 	}

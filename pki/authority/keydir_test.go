@@ -1,4 +1,4 @@
-package pki_test
+package authority_test
 
 import (
 	"bytes"
@@ -13,18 +13,19 @@ import (
 	"time"
 
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 	"github.com/stratumjoin/stratum/pki/pkitest"
 )
 
-var testListener = pki.ListenerConfig{
+var testListener = authority.ListenerConfig{
 	TrustDomain: pkitest.TrustDomain,
 	DNSNames:    []string{"join.example.org"},
 	IPs:         []net.IP{net.ParseIP("192.0.2.240").To4()},
 }
 
-func initDir(t *testing.T) (pki.KeyDir, *pki.CA) {
+func initDir(t *testing.T) (authority.KeyDir, *authority.CA) {
 	t.Helper()
-	dir := pki.KeyDir{Path: filepath.Join(t.TempDir(), "keys")}
+	dir := authority.KeyDir{Path: filepath.Join(t.TempDir(), "keys")}
 	ca := pkitest.NewCA(t)
 	if _, err := dir.Init(ca, testListener, time.Now()); err != nil {
 		t.Fatalf("Init: %v", err)
@@ -38,7 +39,7 @@ func TestKeyDirInit(t *testing.T) {
 	if m := fileMode(t, dir.Path); m != 0o700 {
 		t.Errorf("directory mode %#o, want 0700", m)
 	}
-	names := []string{pki.CACertFile, pki.CAKeyFile, pki.ListenerCertFile, pki.ListenerKeyFile, pki.RootsFile}
+	names := []string{authority.CACertFile, authority.CAKeyFile, authority.ListenerCertFile, authority.ListenerKeyFile, authority.RootsFile}
 	for _, name := range names {
 		if m := fileMode(t, filepath.Join(dir.Path, name)); m != 0o600 {
 			t.Errorf("%s mode %#o, want 0600", name, m)
@@ -56,7 +57,7 @@ func TestKeyDirInit(t *testing.T) {
 	}
 	// The loaded key signs certificates the original root accepts.
 	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	der, err := loaded.IssueNode(pki.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	der, err := loaded.IssueNode(authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,10 +81,10 @@ func TestKeyDirInit(t *testing.T) {
 func TestKeyDirInitRefusesToOverwrite(t *testing.T) {
 	dir, _ := initDir(t)
 	before := map[string][]byte{}
-	for _, name := range []string{pki.CAKeyFile, pki.CACertFile, pki.RootsFile, pki.ListenerKeyFile, pki.ListenerCertFile} {
+	for _, name := range []string{authority.CAKeyFile, authority.CACertFile, authority.RootsFile, authority.ListenerKeyFile, authority.ListenerCertFile} {
 		before[name] = readFile(t, filepath.Join(dir.Path, name))
 	}
-	if _, err := dir.Init(pkitest.NewCA(t), testListener, time.Now()); !errors.Is(err, pki.ErrInitialized) {
+	if _, err := dir.Init(pkitest.NewCA(t), testListener, time.Now()); !errors.Is(err, authority.ErrInitialized) {
 		t.Fatalf("second Init error = %v, want ErrInitialized", err)
 	}
 	for name, want := range before {
@@ -93,20 +94,20 @@ func TestKeyDirInitRefusesToOverwrite(t *testing.T) {
 	}
 
 	// A lone ca.key (an init cut short) is refused just the same.
-	lone := pki.KeyDir{Path: privateDir(t)}
-	if err := pki.WriteSecretFile(filepath.Join(lone.Path, pki.CAKeyFile), before[pki.CAKeyFile]); err != nil {
+	lone := authority.KeyDir{Path: privateDir(t)}
+	if err := pki.WriteSecretFile(filepath.Join(lone.Path, authority.CAKeyFile), before[authority.CAKeyFile]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lone.Init(pkitest.NewCA(t), testListener, time.Now()); !errors.Is(err, pki.ErrInitialized) {
+	if _, err := lone.Init(pkitest.NewCA(t), testListener, time.Now()); !errors.Is(err, authority.ErrInitialized) {
 		t.Errorf("Init over a lone ca.key: %v, want ErrInitialized", err)
 	}
 }
 
 func TestKeyDirInitUndoesAFailure(t *testing.T) {
-	dir := pki.KeyDir{Path: privateDir(t)}
+	dir := authority.KeyDir{Path: privateDir(t)}
 	bad := testListener
 	bad.DNSNames = []string{"*.wildcard.example"}
-	if _, err := dir.Init(pkitest.NewCA(t), bad, time.Now()); !errors.Is(err, pki.ErrInvalidRequest) {
+	if _, err := dir.Init(pkitest.NewCA(t), bad, time.Now()); !errors.Is(err, authority.ErrInvalidRequest) {
 		t.Fatalf("Init with a wildcard listener name: %v, want ErrInvalidRequest", err)
 	}
 	assertOnly(t, dir.Path)
@@ -117,7 +118,7 @@ func TestKeyDirInitUndoesAFailure(t *testing.T) {
 
 func TestKeyDirRefusesExposedKey(t *testing.T) {
 	dir, _ := initDir(t)
-	if err := os.Chmod(filepath.Join(dir.Path, pki.CAKeyFile), 0o644); err != nil {
+	if err := os.Chmod(filepath.Join(dir.Path, authority.CAKeyFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := dir.LoadCA(); err == nil || !strings.Contains(err.Error(), "must be 0600") {
@@ -127,11 +128,11 @@ func TestKeyDirRefusesExposedKey(t *testing.T) {
 
 func TestKeyDirImportedIntermediate(t *testing.T) {
 	ext := pkitest.NewExternalCA(t)
-	ca, err := pki.ImportCA(ext.ChainPEM, ext.KeyPEM)
+	ca, err := authority.ImportCA(ext.ChainPEM, ext.KeyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := pki.KeyDir{Path: filepath.Join(t.TempDir(), "keys")}
+	dir := authority.KeyDir{Path: filepath.Join(t.TempDir(), "keys")}
 	cert, err := dir.Init(ca, testListener, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +152,7 @@ func TestKeyDirImportedIntermediate(t *testing.T) {
 	if loaded.Fingerprint() != ca.Fingerprint() || len(loaded.Chain()) != 2 {
 		t.Error("imported CA did not round-trip")
 	}
-	if _, _, err := dir.Rotate(pkitest.TrustDomain, time.Now()); !errors.Is(err, pki.ErrNotRoot) {
+	if _, _, err := dir.Rotate(pkitest.TrustDomain, time.Now()); !errors.Is(err, authority.ErrNotRoot) {
 		t.Errorf("Rotate of an imported intermediate: %v, want ErrNotRoot", err)
 	}
 }
@@ -194,12 +195,12 @@ func TestKeyDirRotate(t *testing.T) {
 	if !slices.EqualFunc(stored.Certificate, cert.Certificate, bytes.Equal) {
 		t.Error("stored listener chain differs from the one Rotate returned")
 	}
-	for _, name := range []string{pki.CrossCertFile(next.Root()), pki.RootsFile, pki.CAKeyFile, pki.CACertFile} {
+	for _, name := range []string{authority.CrossCertFile(next.Root()), authority.RootsFile, authority.CAKeyFile, authority.CACertFile} {
 		if m := fileMode(t, filepath.Join(dir.Path, name)); m != 0o600 {
 			t.Errorf("%s mode %#o, want 0600", name, m)
 		}
 	}
-	if _, err := dir.LoadListenerCert(old, pkitest.TrustDomain, now); !errors.Is(err, pki.ErrListenerCertStale) {
+	if _, err := dir.LoadListenerCert(old, pkitest.TrustDomain, now); !errors.Is(err, authority.ErrListenerCertStale) {
 		t.Errorf("listener cert checked against the old CA: %v, want ErrListenerCertStale", err)
 	}
 
@@ -236,7 +237,7 @@ func TestLoadOrCreateListenerCert(t *testing.T) {
 		t.Error("renewed certificate is the old one, or lost its names")
 	}
 
-	if err := os.Remove(filepath.Join(dir.Path, pki.ListenerKeyFile)); err != nil {
+	if err := os.Remove(filepath.Join(dir.Path, authority.ListenerKeyFile)); err != nil {
 		t.Fatal(err)
 	}
 	again, issued, err := dir.LoadOrCreateListenerCert(ca, pkitest.TrustDomain, now)
@@ -249,7 +250,7 @@ func TestLoadOrCreateListenerCert(t *testing.T) {
 }
 
 func TestListenerNames(t *testing.T) {
-	dns, ips, err := pki.ListenerNames([]string{"join.example.org:9444", "192.0.2.240:9444", "[2001:db8::1]:9444", "JOIN.example.org", "localhost"})
+	dns, ips, err := authority.ListenerNames([]string{"join.example.org:9444", "192.0.2.240:9444", "[2001:db8::1]:9444", "JOIN.example.org", "localhost"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +260,7 @@ func TestListenerNames(t *testing.T) {
 	if want := []net.IP{net.ParseIP("192.0.2.240"), net.ParseIP("2001:db8::1")}; !slices.EqualFunc(ips, want, net.IP.Equal) {
 		t.Errorf("ips %v, want %v", ips, want)
 	}
-	if _, _, err := pki.ListenerNames([]string{"bad host:9444"}); err == nil {
+	if _, _, err := authority.ListenerNames([]string{"bad host:9444"}); err == nil {
 		t.Error("a host name with a space was accepted")
 	}
 }

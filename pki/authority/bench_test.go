@@ -1,4 +1,4 @@
-package pki_test
+package authority_test
 
 import (
 	"crypto/ecdsa"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
 	"github.com/stratumjoin/stratum/pki/pkitest"
 )
 
@@ -23,7 +24,7 @@ import (
 func BenchmarkIssueNode(b *testing.B) {
 	ca := pkitest.NewCA(b)
 	csr, _ := pkitest.NewCSR(b, pkitest.CSROptions{})
-	req := pki.NodeRequest{CSR: csr, NodeID: mustNodeID(b), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode}
+	req := authority.NodeRequest{CSR: csr, NodeID: mustNodeID(b), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := ca.IssueNode(req); err != nil {
@@ -96,7 +97,7 @@ func TestIssueNodeConcurrently(t *testing.T) {
 	errs := make(chan error, 16)
 	for range 16 {
 		wg.Go(func() {
-			_, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+			_, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 			errs <- err
 		})
 	}
@@ -116,7 +117,7 @@ func FuzzIssueNodeCSR(f *testing.F) {
 	ca := pkitest.NewCA(f)
 	nodeID := mustNodeID(f)
 	f.Fuzz(func(t *testing.T, csr []byte) {
-		der, err := ca.IssueNode(pki.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+		der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
 		if err != nil {
 			return
 		}

@@ -1,8 +1,6 @@
-package pki
+package authority
 
 import (
-	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -88,22 +86,5 @@ func mustRemove(t *testing.T, d KeyDir, name string) {
 	t.Helper()
 	if err := os.Remove(d.file(name)); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func TestCreateSecretFileIsExclusive(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "keys")
-	path := filepath.Join(dir, "ca.key")
-	if err := createSecretFile(path, []byte("first")); err != nil {
-		t.Fatal(err)
-	}
-	err := createSecretFile(path, []byte("second"))
-	if !errors.Is(err, fs.ErrExist) {
-		t.Fatalf("second create: %v, want an exists error", err)
-	}
-	got, _ := os.ReadFile(path)
-	entries, _ := os.ReadDir(dir)
-	if string(got) != "first" || len(entries) != 1 {
-		t.Errorf("content %q, %d entries; want the first write alone", got, len(entries))
 	}
 }

@@ -1,4 +1,4 @@
-package pki
+package authority
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math/big"
 	"time"
+
+	"github.com/stratumjoin/stratum/pki"
 )
 
 const (
@@ -46,7 +48,7 @@ type CA struct {
 // ten years from now. MaxPathLen is 1 so that, after a rotation, the cross
 // certificate of the next root may sit between this root and a leaf.
 func NewRootCA(trustDomain string, now time.Time) (*CA, error) {
-	if !ValidTrustDomain(trustDomain) {
+	if !pki.ValidTrustDomain(trustDomain) {
 		return nil, fmt.Errorf("new root ca: invalid trust domain %q", trustDomain)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -93,11 +95,11 @@ func NewRootCA(trustDomain string, now time.Time) (*CA, error) {
 // certificates, the key must match it, and the chain must verify to the
 // root now, for both client and server authentication.
 func ImportCA(certPEM, keyPEM []byte) (*CA, error) {
-	chain, err := ParseCertsPEM(certPEM)
+	chain, err := pki.ParseCertsPEM(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("import ca: %w", err)
 	}
-	key, err := ParsePrivateKeyPEM(keyPEM)
+	key, err := pki.ParsePrivateKeyPEM(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("import ca: %w", err)
 	}
@@ -205,7 +207,7 @@ func (ca *CA) NotAfter() time.Time { return ca.notAfter }
 
 // Fingerprint is the SHA-256 of the root's DER: the identity the join
 // protocol binds codes to.
-func (ca *CA) Fingerprint() [32]byte { return FingerprintOf(ca.Root()) }
+func (ca *CA) Fingerprint() [32]byte { return pki.FingerprintOf(ca.Root()) }
 
 // IsRoot reports whether the CA signs with the root's own key, as opposed to
 // being an intermediate of an external root.

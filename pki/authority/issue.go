@@ -1,4 +1,4 @@
-package pki
+package authority
 
 import (
 	"crypto"
@@ -16,12 +16,8 @@ import (
 	"slices"
 	"strings"
 	"time"
-)
 
-// Roles a node certificate can carry (DESIGN section 6).
-const (
-	RoleNode       = "node"
-	RoleNodeTenant = "node-tenant"
+	"github.com/stratumjoin/stratum/pki"
 )
 
 const (
@@ -53,24 +49,24 @@ type NodeRequest struct {
 	CSR         []byte // DER, from the agent's Proof
 	NodeID      string // chosen by the listener, see NodeID
 	TrustDomain string
-	Role        string        // RoleNode or RoleNodeTenant
+	Role        string        // pki.RoleNode or pki.RoleNodeTenant
 	Lifetime    time.Duration // 0 means DefaultNodeLifetime
 	Now         time.Time     // zero means time.Now()
 }
 
 // IssueNode signs a node certificate for req and returns its DER. The
-// certificate has CN = NodeID, exactly one URI SAN (NodeURI), no other SAN
+// certificate has CN = NodeID, exactly one URI SAN (pki.NodeURI), no other SAN
 // whatever the CSR asks for, CA:FALSE, digitalSignature, clientAuth and
 // serverAuth, a random 128-bit serial, and a lifetime capped at the CA's
 // expiry. It is verified against the root before it is returned.
 func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
-	if !ValidTrustDomain(req.TrustDomain) {
+	if !pki.ValidTrustDomain(req.TrustDomain) {
 		return nil, fmt.Errorf("issue node: %w: trust domain %q", ErrInvalidRequest, req.TrustDomain)
 	}
-	if !ValidNodeID(req.NodeID) {
+	if !pki.ValidNodeID(req.NodeID) {
 		return nil, fmt.Errorf("issue node: %w: node id %q", ErrInvalidRequest, req.NodeID)
 	}
-	if req.Role != RoleNode && req.Role != RoleNodeTenant {
+	if req.Role != pki.RoleNode && req.Role != pki.RoleNodeTenant {
 		return nil, fmt.Errorf("issue node: %w: role %q", ErrInvalidRequest, req.Role)
 	}
 	lifetime := req.Lifetime
@@ -88,7 +84,7 @@ func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	uri := NodeURI(req.TrustDomain, req.Role, req.NodeID)
+	uri := pki.NodeURI(req.TrustDomain, req.Role, req.NodeID)
 	spec := leafSpec{
 		commonName: req.NodeID,
 		uri:        uri,
@@ -102,11 +98,11 @@ func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
 }
 
 // IssueListener signs the listener's QUIC server certificate for pub: URI
-// SAN ListenerIdentity(trustDomain) plus the given DNS names and IPs,
+// SAN pki.ListenerIdentity(trustDomain) plus the given DNS names and IPs,
 // serverAuth and clientAuth, valid for ListenerLifetime capped at the CA's
 // expiry.
 func (ca *CA) IssueListener(pub crypto.PublicKey, trustDomain string, dnsNames []string, ips []net.IP, now time.Time) ([]byte, error) {
-	if !ValidTrustDomain(trustDomain) {
+	if !pki.ValidTrustDomain(trustDomain) {
 		return nil, fmt.Errorf("issue listener: %w: trust domain %q", ErrInvalidRequest, trustDomain)
 	}
 	if err := checkKey(pub); err != nil {
@@ -127,7 +123,7 @@ func (ca *CA) IssueListener(pub crypto.PublicKey, trustDomain string, dnsNames [
 	}
 	spec := leafSpec{
 		commonName: "Stratum Join listener " + trustDomain,
-		uri:        ListenerIdentity(trustDomain),
+		uri:        pki.ListenerIdentity(trustDomain),
 		dnsNames:   dnsNames,
 		ips:        ips,
 		usage:      x509.ExtKeyUsageServerAuth,
@@ -276,21 +272,6 @@ func checkKey(pub crypto.PublicKey) error {
 	return nil
 }
 
-// ValidTrustDomain reports whether s is a SPIFFE trust domain name:
-// 1 to 255 characters of lowercase letters, digits, '.', '-' and '_'.
-func ValidTrustDomain(s string) bool {
-	if len(s) == 0 || len(s) > 255 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // validDNSName accepts host names of letters, digits, '-' and '.', without
 // wildcards: the listener is one host, never a pattern.
 func validDNSName(s string) bool {
@@ -309,131 +290,4 @@ func validDNSName(s string) bool {
 		}
 	}
 	return true
-}
-
-// ListenerIdentity is the URI SAN of the listener's certificate. The agent
-// requires it on the QUIC leaf: node certificates also carry serverAuth and
-// must not pass for the listener.
-func ListenerIdentity(trustDomain string) string {
-	return "spiffe://" + trustDomain + "/listener"
-}
-
-// NodeURI is the URI SAN of a node certificate:
-// spiffe://<td>/node/<id> for RoleNode, spiffe://<td>/node-tenant/<id> for
-// RoleNodeTenant.
-func NodeURI(trustDomain, role, nodeID string) string {
-	return "spiffe://" + trustDomain + "/" + role + "/" + nodeID
-}
-
-// NodeIdentity reads a node certificate's identity: its one URI SAN must be
-// a node URI in trustDomain with a valid node id that is also its CN.
-func NodeIdentity(cert *x509.Certificate, trustDomain string) (nodeID, role string, err error) {
-	if len(cert.URIs) != 1 {
-		return "", "", fmt.Errorf("node certificate has %d uri sans, want 1", len(cert.URIs))
-	}
-	u := cert.URIs[0]
-	td, path, err := spiffeParts(u)
-	if err != nil {
-		return "", "", fmt.Errorf("node certificate: %w", err)
-	}
-	if td != trustDomain {
-		return "", "", fmt.Errorf("node certificate is for trust domain %q, want %q", td, trustDomain)
-	}
-	role, nodeID, ok := strings.Cut(strings.TrimPrefix(path, "/"), "/")
-	if !ok || (role != RoleNode && role != RoleNodeTenant) || !ValidNodeID(nodeID) {
-		return "", "", fmt.Errorf("node certificate uri %q is not a node identity", u.String())
-	}
-	if cert.Subject.CommonName != nodeID {
-		return "", "", fmt.Errorf("node certificate cn %q differs from its uri's node id", cert.Subject.CommonName)
-	}
-	return nodeID, role, nil
-}
-
-// spiffeParts splits a SPIFFE ID into trust domain and path, refusing
-// anything a SPIFFE ID may not have.
-func spiffeParts(u *url.URL) (trustDomain, path string, err error) {
-	if u.Scheme != "spiffe" || u.Opaque != "" || u.User != nil || u.Port() != "" ||
-		u.RawQuery != "" || u.Fragment != "" || u.ForceQuery || u.RawPath != "" {
-		return "", "", fmt.Errorf("uri %q is not a spiffe id", u.String())
-	}
-	if !ValidTrustDomain(u.Host) {
-		return "", "", fmt.Errorf("uri %q has an invalid trust domain", u.String())
-	}
-	return u.Host, u.Path, nil
-}
-
-// VerifyNodeChain checks a certificate chain a node presents (leaf first,
-// as in tls.Config.VerifyPeerCertificate) against roots for client
-// authentication at now, and that the leaf is a node certificate of
-// trustDomain. It returns the leaf; NodeIdentity reads its id and role.
-func VerifyNodeChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (*x509.Certificate, error) {
-	leaf, err := verifyChain(rawCerts, roots, x509.ExtKeyUsageClientAuth, now)
-	if err != nil {
-		return nil, fmt.Errorf("verify node: %w", err)
-	}
-	if _, _, err := NodeIdentity(leaf, trustDomain); err != nil {
-		return nil, fmt.Errorf("verify node: %w", err)
-	}
-	return leaf, nil
-}
-
-// VerifyListenerChain checks the chain a listener presents against roots
-// (for an agent, the root it learned through the PAKE) for server
-// authentication at now, and that the leaf's only URI SAN is
-// ListenerIdentity. An empty trustDomain accepts the listener of any trust
-// domain, for an agent that does not know it yet; the trust domain found is
-// returned.
-func VerifyListenerChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (leaf *x509.Certificate, td string, err error) {
-	leaf, err = verifyChain(rawCerts, roots, x509.ExtKeyUsageServerAuth, now)
-	if err != nil {
-		return nil, "", fmt.Errorf("verify listener: %w", err)
-	}
-	if len(leaf.URIs) != 1 {
-		return nil, "", fmt.Errorf("verify listener: leaf has %d uri sans, want 1", len(leaf.URIs))
-	}
-	td, path, err := spiffeParts(leaf.URIs[0])
-	if err != nil {
-		return nil, "", fmt.Errorf("verify listener: %w", err)
-	}
-	if path != "/listener" || (trustDomain != "" && td != trustDomain) {
-		return nil, "", fmt.Errorf("verify listener: leaf identity %q is not the listener's", leaf.URIs[0].String())
-	}
-	return leaf, td, nil
-}
-
-func verifyChain(rawCerts [][]byte, roots []*x509.Certificate, usage x509.ExtKeyUsage, now time.Time) (*x509.Certificate, error) {
-	if len(rawCerts) == 0 {
-		return nil, errors.New("no certificate presented")
-	}
-	if len(roots) == 0 {
-		return nil, errors.New("no trusted root")
-	}
-	certs := make([]*x509.Certificate, len(rawCerts))
-	for i, raw := range rawCerts {
-		c, err := x509.ParseCertificate(raw)
-		if err != nil {
-			return nil, fmt.Errorf("parse certificate %d: %w", i+1, err)
-		}
-		certs[i] = c
-	}
-	leaf := certs[0]
-	if !leaf.BasicConstraintsValid || leaf.IsCA {
-		return nil, errors.New("leaf is not an end-entity certificate")
-	}
-	opts := x509.VerifyOptions{
-		Roots:         x509.NewCertPool(),
-		Intermediates: x509.NewCertPool(),
-		CurrentTime:   now,
-		KeyUsages:     []x509.ExtKeyUsage{usage},
-	}
-	for _, r := range roots {
-		opts.Roots.AddCert(r)
-	}
-	for _, c := range certs[1:] {
-		opts.Intermediates.AddCert(c)
-	}
-	if _, err := leaf.Verify(opts); err != nil {
-		return nil, err
-	}
-	return leaf, nil
 }
