@@ -50,7 +50,7 @@ demo-ha: build
 # the floor, RSS after 1,000 joins, KE2 timing of live/inactive/unknown.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/pake/ ./pki/ ./internal/store/...
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/pake/ ./pki/... ./internal/store/...
 
 # 10,000 agents joining at once through one listener.
 herd:
