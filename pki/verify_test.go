@@ -1,0 +1,59 @@
+package pki_test
+
+import (
+	"crypto/x509"
+	"testing"
+	"time"
+
+	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/authority"
+	"github.com/stratumjoin/stratum/pki/pkitest"
+)
+
+// A node certificate has serverAuth too; the agent's listener check must
+// still refuse it, and the listener's node check must refuse the
+// listener's certificate.
+func TestIdentitiesDoNotCross(t *testing.T) {
+	ca := pkitest.NewCA(t)
+	roots := []*x509.Certificate{ca.Root()}
+	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
+	nodeID, err := pki.NodeID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeDER, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listenerDER, err := ca.IssueListener(pkitest.NewKey(t).Public(), pkitest.TrustDomain, nil, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+
+	if _, _, err := pki.VerifyListenerChain([][]byte{nodeDER}, roots, pkitest.TrustDomain, now); err == nil {
+		t.Error("a node certificate passed as the listener")
+	}
+	if _, _, err := pki.VerifyListenerChain([][]byte{nodeDER}, roots, "", now); err == nil {
+		t.Error("a node certificate passed as the listener of any trust domain")
+	}
+	if _, _, err := pki.VerifyListenerChain([][]byte{listenerDER}, roots, "other.example", now); err == nil {
+		t.Error("the listener of another trust domain was accepted")
+	}
+	if _, err := pki.VerifyNodeChain([][]byte{listenerDER}, roots, pkitest.TrustDomain, now); err == nil {
+		t.Error("the listener certificate passed as a node")
+	}
+	leaf, err := pki.VerifyNodeChain([][]byte{nodeDER}, roots, pkitest.TrustDomain, now)
+	if err != nil {
+		t.Fatalf("VerifyNodeChain: %v", err)
+	}
+	if id, _, _ := pki.NodeIdentity(leaf, pkitest.TrustDomain); id != nodeID {
+		t.Errorf("node id %q, want %q", id, nodeID)
+	}
+	if _, err := pki.VerifyNodeChain([][]byte{nodeDER}, []*x509.Certificate{pkitest.NewCA(t).Root()}, pkitest.TrustDomain, now); err == nil {
+		t.Error("a node certificate verified under a foreign root")
+	}
+	if _, err := pki.VerifyNodeChain([][]byte{nodeDER}, roots, pkitest.TrustDomain, now.Add(8*24*time.Hour)); err == nil {
+		t.Error("an expired node certificate verified")
+	}
+}
