@@ -9,33 +9,8 @@ import (
 	"testing"
 
 	"github.com/stratumjoin/stratum/pki"
+	"github.com/stratumjoin/stratum/pki/pkitest"
 )
-
-func fileMode(t *testing.T, path string) fs.FileMode {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fi.Mode().Perm()
-}
-
-// assertOnly fails unless dir holds exactly the named entries: no
-// temporary file left behind.
-func assertOnly(t *testing.T, dir string, names ...string) {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range entries {
-		got = append(got, e.Name())
-	}
-	if strings.Join(got, " ") != strings.Join(names, " ") {
-		t.Errorf("%s holds %q, want exactly %q", dir, got, names)
-	}
-}
 
 func TestWriteSecretFile(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "a", "keys")
@@ -44,10 +19,10 @@ func TestWriteSecretFile(t *testing.T) {
 	if err := pki.WriteSecretFile(path, []byte("one")); err != nil {
 		t.Fatal(err)
 	}
-	if m := fileMode(t, dir); m != 0o700 {
+	if m := pkitest.FileMode(t, dir); m != 0o700 {
 		t.Errorf("created directory mode %#o, want 0700", m)
 	}
-	if m := fileMode(t, path); m != 0o600 {
+	if m := pkitest.FileMode(t, path); m != 0o600 {
 		t.Errorf("file mode %#o, want 0600", m)
 	}
 	if err := pki.WriteSecretFile(path, []byte("two")); err != nil {
@@ -56,7 +31,7 @@ func TestWriteSecretFile(t *testing.T) {
 	if got := string(readFile(t, path)); got != "two" {
 		t.Errorf("content %q after overwrite", got)
 	}
-	assertOnly(t, dir, "secret.key")
+	pkitest.AssertOnly(t, dir, "secret.key")
 }
 
 func TestWriteSecretFileNeverWidens(t *testing.T) {
@@ -81,10 +56,10 @@ func TestWriteSecretFileNeverWidens(t *testing.T) {
 		if err := pki.WriteSecretFile(path, []byte("new")); err != nil {
 			t.Fatal(err)
 		}
-		if m := fileMode(t, path); m != tt.after {
+		if m := pkitest.FileMode(t, path); m != tt.after {
 			t.Errorf("%#o file became %#o, want %#o", tt.before, m, tt.after)
 		}
-		assertOnly(t, dir, "k")
+		pkitest.AssertOnly(t, dir, "k")
 	}
 }
 
@@ -97,7 +72,7 @@ func TestWriteSecretFileRefusesOpenDirectory(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "0700") {
 		t.Fatalf("error = %v, want a refusal naming 0700", err)
 	}
-	assertOnly(t, dir)
+	pkitest.AssertOnly(t, dir)
 }
 
 func TestWriteSecretFileCleansUpOnFailure(t *testing.T) {
@@ -111,7 +86,7 @@ func TestWriteSecretFileCleansUpOnFailure(t *testing.T) {
 	if err := pki.WriteSecretFile(target, []byte("secret")); err == nil {
 		t.Fatal("write over a directory succeeded")
 	}
-	assertOnly(t, dir, "k")
+	pkitest.AssertOnly(t, dir, "k")
 }
 
 func TestWriteFile(t *testing.T) {
@@ -120,14 +95,14 @@ func TestWriteFile(t *testing.T) {
 	if err := pki.WriteFile(path, []byte("cert"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if m := fileMode(t, path); m != 0o644 {
+	if m := pkitest.FileMode(t, path); m != 0o644 {
 		t.Errorf("mode %#o, want 0644", m)
 	}
-	assertOnly(t, dir, "node.crt")
+	pkitest.AssertOnly(t, dir, "node.crt")
 	if err := pki.WriteFile(filepath.Join(dir, "missing", "f"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if m := fileMode(t, filepath.Join(dir, "missing")); m != 0o700 {
+	if m := pkitest.FileMode(t, filepath.Join(dir, "missing")); m != 0o700 {
 		t.Errorf("created directory mode %#o, want 0700", m)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "nope", "x")); !errors.Is(err, fs.ErrNotExist) {

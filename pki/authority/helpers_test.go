@@ -3,7 +3,6 @@ package authority_test
 import (
 	"crypto/x509"
 	"encoding/asn1"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,32 +91,6 @@ func readFile(t testing.TB, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-func fileMode(t *testing.T, path string) fs.FileMode {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fi.Mode().Perm()
-}
-
-// assertOnly fails unless dir holds exactly the named entries: no
-// temporary file left behind.
-func assertOnly(t *testing.T, dir string, names ...string) {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range entries {
-		got = append(got, e.Name())
-	}
-	if strings.Join(got, " ") != strings.Join(names, " ") {
-		t.Errorf("%s holds %q, want exactly %q", dir, got, names)
-	}
 }
 
 func privateDir(t *testing.T) string {

@@ -36,17 +36,17 @@ func initDir(t *testing.T) (authority.KeyDir, *authority.CA) {
 func TestKeyDirInit(t *testing.T) {
 	dir, ca := initDir(t)
 
-	if m := fileMode(t, dir.Path); m != 0o700 {
+	if m := pkitest.FileMode(t, dir.Path); m != 0o700 {
 		t.Errorf("directory mode %#o, want 0700", m)
 	}
 	names := []string{authority.CACertFile, authority.CAKeyFile, authority.ListenerCertFile, authority.ListenerKeyFile, authority.RootsFile}
 	for _, name := range names {
-		if m := fileMode(t, filepath.Join(dir.Path, name)); m != 0o600 {
+		if m := pkitest.FileMode(t, filepath.Join(dir.Path, name)); m != 0o600 {
 			t.Errorf("%s mode %#o, want 0600", name, m)
 		}
 	}
 	slices.Sort(names)
-	assertOnly(t, dir.Path, names...)
+	pkitest.AssertOnly(t, dir.Path, names...)
 
 	loaded, err := dir.LoadCA()
 	if err != nil {
@@ -110,7 +110,7 @@ func TestKeyDirInitUndoesAFailure(t *testing.T) {
 	if _, err := dir.Init(pkitest.NewCA(t), bad, time.Now()); !errors.Is(err, authority.ErrInvalidRequest) {
 		t.Fatalf("Init with a wildcard listener name: %v, want ErrInvalidRequest", err)
 	}
-	assertOnly(t, dir.Path)
+	pkitest.AssertOnly(t, dir.Path)
 	if _, err := dir.Init(pkitest.NewCA(t), testListener, time.Now()); err != nil {
 		t.Fatalf("Init after a failed one: %v", err)
 	}
@@ -196,7 +196,7 @@ func TestKeyDirRotate(t *testing.T) {
 		t.Error("stored listener chain differs from the one Rotate returned")
 	}
 	for _, name := range []string{authority.CrossCertFile(next.Root()), authority.RootsFile, authority.CAKeyFile, authority.CACertFile} {
-		if m := fileMode(t, filepath.Join(dir.Path, name)); m != 0o600 {
+		if m := pkitest.FileMode(t, filepath.Join(dir.Path, name)); m != 0o600 {
 			t.Errorf("%s mode %#o, want 0600", name, m)
 		}
 	}

@@ -12,9 +12,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"io/fs"
 	"math/big"
 	"net"
 	"net/url"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,4 +191,31 @@ func CreateCert(t testing.TB, tmpl, parent *x509.Certificate, pub crypto.PublicK
 		t.Fatalf("pkitest: parse certificate: %v", err)
 	}
 	return cert
+}
+
+// FileMode returns the permission bits of path.
+func FileMode(t testing.TB, path string) fs.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+// AssertOnly fails unless dir holds exactly the named entries, in
+// directory order: no temporary file left behind.
+func AssertOnly(t testing.TB, dir string, names ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if strings.Join(got, " ") != strings.Join(names, " ") {
+		t.Errorf("%s holds %q, want exactly %q", dir, got, names)
+	}
 }
