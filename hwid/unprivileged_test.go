@@ -11,6 +11,8 @@ import (
 	"reflect"
 	"syscall"
 	"testing"
+
+	"github.com/stratumjoin/stratum/internal/testenv"
 )
 
 // unprivilegedRootEnv, when set, makes the test binary collect below that
@@ -38,6 +40,7 @@ func TestMain(m *testing.M) {
 // kernel's file modes: the root-only UUID and serials must come out as
 // "not readable", the rest as usual, and nothing may fail.
 func TestCollectUnprivileged(t *testing.T) {
+	testenv.NeedRoot(t, "run the probe as nobody")
 	// A directory nobody can enter, holding a copy of this test binary
 	// (go test keeps the original in a root-only directory).
 	dir, err := os.MkdirTemp("", "hwid-unprivileged-")
