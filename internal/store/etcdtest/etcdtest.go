@@ -37,6 +37,28 @@ func Durable() Option {
 // Both are closed by t.Cleanup.
 func Start(t testing.TB, opts ...Option) (endpoint string, cli *clientv3.Client) {
 	t.Helper()
+	e := startEmbedded(t, opts...)
+	t.Cleanup(e.Close)
+	endpoint = "http://" + e.Clients[0].Addr().String()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{endpoint},
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	// Registered after e.Close, so it runs first: the client goes before
+	// the server it talks to.
+	t.Cleanup(func() { _ = cli.Close() })
+	return endpoint, cli
+}
+
+// startEmbedded runs one etcd member in this process on 127.0.0.1 (ports
+// chosen by the kernel, data in t.TempDir()) and waits until it is ready.
+// The caller closes it.
+func startEmbedded(t testing.TB, opts ...Option) *embed.Etcd {
+	t.Helper()
 	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	cfg := embed.NewConfig()
 	cfg.Dir = filepath.Join(t.TempDir(), "etcd")
@@ -50,31 +72,18 @@ func Start(t testing.TB, opts ...Option) (endpoint string, cli *clientv3.Client)
 	for _, o := range opts {
 		o(cfg)
 	}
-
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		t.Fatalf("start embedded etcd: %v", err)
 	}
-	t.Cleanup(e.Close)
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
+		e.Close()
 		t.Fatalf("embedded etcd failed: %v", err)
 	case <-time.After(readyTimeout):
+		e.Close()
 		t.Fatalf("embedded etcd not ready after %v", readyTimeout)
 	}
-
-	endpoint = "http://" + e.Clients[0].Addr().String()
-	cli, err = clientv3.New(clientv3.Config{
-		Endpoints:   []string{endpoint},
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-	})
-	if err != nil {
-		t.Fatalf("etcd client: %v", err)
-	}
-	// Registered after e.Close, so it runs first: the client goes before
-	// the server it talks to.
-	t.Cleanup(func() { _ = cli.Close() })
-	return endpoint, cli
+	return e
 }
