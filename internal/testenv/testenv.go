@@ -2,7 +2,8 @@
 // tool) and decides what happens when it is missing: under `go test -short`
 // (make test-short, an ordinary user's laptop) the test is skipped; in the
 // full run (make test, CI as root) it fails, naming what to install, so a
-// missing tool can never pass CI as a silent skip.
+// missing tool can never pass CI as a silent skip. It also hands out the
+// loopback ports the suites that start listener processes bind.
 package testenv
 
 import (
