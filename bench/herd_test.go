@@ -1,10 +1,16 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,44 +22,195 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/hwid"
 	"github.com/stratumjoin/stratum/internal/joincode"
 )
 
-// BenchmarkHerd starts STRATUM_HERD agents (default 300; `make herd` sets
-// 10,000) at once against one listener process. Each agent retries
-// transient failures with the service's jittered backoff, as `stratum-agent
-// run` would. It logs failures, codes over their uses, listener memory and
-// latency percentiles.
-func BenchmarkHerd(b *testing.B) {
-	n := 300
+// The service's retry schedule (agent.RunConfig's defaults): a herd's
+// agents back off as `stratum-agent run` would.
+const (
+	herdBackoffBase = time.Second
+	herdBackoffMax  = 4 * time.Minute
+)
+
+// herdAgent is one machine of the herd.
+type herdAgent struct {
+	i      int
+	secret string // the bearer form, as the machine was given it
+	root   string // its own sysfs tree: its own SMBIOS product UUID
+	state  string
+	// process: a real `stratum-agent join` process, retried on exit 3;
+	// otherwise agent.Join in this process from its own 127.x.y.z
+	process bool
+}
+
+// herdResult is what one herd measured.
+type herdResult struct {
+	n, procs                 int
+	failed, retries          int64
+	elapsed                  time.Duration
+	lat                      []time.Duration
+	listenerCPU              time.Duration
+	inProcCPU, procCPU       time.Duration // the agents' CPU, by kind
+	peakRSS, endRSS, settled int           // KiB
+	settledAfter             time.Duration
+	firstFailures            []string
+	causes                   map[string]int // transient failures by kind
+}
+
+func (r herdResult) String() string {
+	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join; agent CPU per join %s in-process, %s per process; listener RSS peak %d KiB, %d KiB right after, %d KiB %s later",
+		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
+		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
+		ms(r.listenerCPU/time.Duration(max(1, r.n))), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.procCPU/time.Duration(max(1, r.procs))),
+		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf("; retried on %v", r.causes)
+}
+
+// rusage returns the user+system CPU of who (RUSAGE_SELF, RUSAGE_CHILDREN).
+func rusage(who int) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(who, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+// herdSize reads STRATUM_HERD (default 300) and how many of them run as
+// real processes: STRATUM_HERD_PROCS, by default as many as this machine
+// holds at once (each `stratum-agent join` peaks near 19 MiB; a quarter
+// of the memory available goes to them), at most 1,000.
+func herdSize(b *testing.B) (n, procs int) {
+	n = 300
 	if v := os.Getenv("STRATUM_HERD"); v != "" {
 		n, _ = strconv.Atoi(v)
 	}
+	procs = min(n, 1000, memAvailableKiB()/4/(19*1024))
+	if v := os.Getenv("STRATUM_HERD_PROCS"); v != "" {
+		procs, _ = strconv.Atoi(v)
+		procs = min(procs, n)
+	}
 	var lim syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil && lim.Cur < uint64(n)+4096 {
-		lim.Cur = min(lim.Max, uint64(n)+4096)
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil && lim.Cur < uint64(n)*2+4096 {
+		lim.Cur = min(lim.Max, uint64(n)*2+4096)
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	}
-	p := startListener(b, true)
-	// at most 10 codes: each admits 10 attempts in flight, which bounds how
-	// many agents run their key stretching at once on this one machine
-	perCode := max(100, (n+9)/10)
-	codes := (n + perCode - 1) / perCode
-	var secrets []joincode.Secret
-	var ids []string
-	for range codes {
-		f := strings.Fields(p.mint(b, "--max-uses", strconv.Itoa(perCode), "--ttl", "2h"))
-		sec, _ := joincode.Parse(f[0])
-		secrets, ids = append(secrets, sec), append(ids, f[1])
+	return n, procs
+}
+
+func memAvailableKiB() int {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kib, _ := strconv.Atoi(f[1])
+			return kib
+		}
 	}
-	dir := b.TempDir()
+	return 0
+}
+
+// BenchmarkHerd is a fleet booting at once: STRATUM_HERD machines (`make
+// herd` sets 10,000) start at the same instant against one listener
+// process with its default settings, and each retries transient failures
+// on the service's schedule. Up to STRATUM_HERD_PROCS of them are real
+// `stratum-agent join` processes; the rest run the same join (hardware
+// probe, key, QUIC, OPAQUE, durable state) as goroutines in this process,
+// each from an address of its own on 127.0.0.0/8 as a fleet's machines
+// have. The processes all come from 127.0.0.1, one address to the
+// listener, so its per-source budgets are lifted; its Retry threshold is
+// left at its default.
+//
+// "tokens": each machine holds a joinTokens token of its own (maxUses 1),
+// as provisioning hands them out: no approval, no per-secret cap.
+//
+// "batch codes": machines share join codes of 100 uses (a rack each),
+// every join held for approval, and a script approves what is pending
+// once a second through the admin API, checking each join's product UUID
+// against the inventory, as an operator's automation would. A code admits
+// at most 10 unproven exchanges at once (the attempt cap that keeps a
+// code to 10 online guesses), so each code's rate is 10 over the time
+// from Hello to Proof; the sub-benchmark logs it.
+func BenchmarkHerd(b *testing.B) {
+	n, procs := herdSize(b)
+	b.Run("tokens", func(b *testing.B) {
+		p := startListener(b, false, herdServeArgs...)
+		tokens := p.mintTokens(b, n)
+		agents := make([]herdAgent, n)
+		dir := machinesDir(b)
+		for i := range agents {
+			agents[i] = herdAgent{i: i, secret: tokens[i], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i < procs}
+		}
+		r := runHerd(b, p, agents, nil)
+		b.Logf("tokens: %s", r)
+		if r.failed != 0 {
+			b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
+		}
+	})
+	b.Run("batch codes", func(b *testing.B) {
+		const perCode = 100
+		m := n
+		if v := os.Getenv("STRATUM_HERD_CODES"); v != "" {
+			m, _ = strconv.Atoi(v)
+		}
+		p := startListener(b, false, herdServeArgs...)
+		codes := (m + perCode - 1) / perCode
+		var secrets []string
+		var ids []string
+		for range codes {
+			f := strings.Fields(p.mintHeld(b, "--max-uses", strconv.Itoa(perCode), "--ttl", "2h"))
+			secrets, ids = append(secrets, f[0]), append(ids, f[1])
+		}
+		agents := make([]herdAgent, m)
+		inventory := map[string]bool{}
+		dir := machinesDir(b)
+		for i := range agents {
+			// the agents of one code are one rack: consecutive machines
+			agents[i] = herdAgent{i: i, secret: secrets[i/perCode], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i%perCode < procs*perCode/max(n, 1)}
+			inventory[herdUUID(i)] = true
+		}
+		approved := atomic.Int64{}
+		approver := func(ctx context.Context) { approveLoop(ctx, b, p, inventory, &approved) }
+		r := runHerd(b, p, agents, approver)
+		over := 0
+		for _, id := range ids {
+			var c struct{ Uses, MaxUses, Registrations int }
+			p.adminJSON(b, &c, "codes", "show", id, "--json")
+			if c.Uses > c.MaxUses || c.Registrations > c.MaxUses {
+				over++
+			}
+		}
+		b.Logf("batch codes: %d codes x %d uses, approved by script once a second (%d approvals): %s; %d codes over their uses; per code %.1f joins/s",
+			codes, perCode, approved.Load(), r, over, float64(m)/float64(codes)/r.elapsed.Seconds())
+		if r.failed != 0 || over != 0 {
+			b.Fatalf("herd: %d failures, %d codes over their uses: %s", r.failed, over, strings.Join(r.firstFailures, "; "))
+		}
+	})
+}
+
+// herdServeArgs lift the listener's per-prefix budget besides the
+// per-source ones startListener lifts: the real processes all come from
+// 127.0.0.1, as agents behind one NAT would, and such a site must lift them.
+var herdServeArgs = []string{"--unproven-per-prefix=-1"}
+
+// runHerd starts every agent at once and waits for all of them; side, if
+// set, runs beside them (the approval script) until they are done.
+func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Context)) herdResult {
+	r := herdResult{n: len(agents), causes: map[string]int{}}
+	for _, a := range agents {
+		if a.process {
+			r.procs++
+		}
+	}
+	pid := p.cmd.Process.Pid
 	var (
 		wg       sync.WaitGroup
-		failed   atomic.Int32
-		retries  atomic.Int32
+		failed   atomic.Int64
+		retries  atomic.Int64
 		mu       sync.Mutex
-		lat      []time.Duration
 		peakRSS  atomic.Int64
 		stopPoll = make(chan struct{})
 	)
@@ -63,67 +220,313 @@ func BenchmarkHerd(b *testing.B) {
 			case <-stopPoll:
 				return
 			case <-time.After(200 * time.Millisecond):
-				_, peak := rss(p.cmd.Process.Pid)
+				_, peak := rss(pid)
 				peakRSS.Store(int64(peak))
 			}
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
+	sideCtx, stopSide := context.WithCancel(ctx)
+	var sideDone sync.WaitGroup
+	if side != nil {
+		sideDone.Go(func() { side(sideCtx) })
+	}
+	fail := func(a herdAgent, err error) {
+		failed.Add(1)
+		mu.Lock()
+		if len(r.firstFailures) < 5 {
+			r.firstFailures = append(r.firstFailures, fmt.Sprintf("agent %d: %v", a.i, err))
+		}
+		mu.Unlock()
+	}
+	cpu0, self0, children0 := cpu(pid), rusage(syscall.RUSAGE_SELF), rusage(syscall.RUSAGE_CHILDREN)
 	start := time.Now()
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			state := filepath.Join(dir, strconv.Itoa(i))
-			t0 := time.Now()
+	// every machine is powered on at the same instant
+	gate := make(chan struct{})
+	for _, a := range agents {
+		wg.Go(func() {
+			<-gate
 			for attempt := 0; ; attempt++ {
-				_, err := agent.Join(ctx, agent.JoinConfig{StateDir: state, Endpoint: p.endpoint, Secret: secrets[i%codes], DialTimeout: 20 * time.Second})
+				err := a.join(ctx, p.endpoint)
 				if err == nil {
 					mu.Lock()
-					lat = append(lat, time.Since(t0))
+					r.lat = append(r.lat, time.Since(start))
 					mu.Unlock()
 					return
 				}
-				var u *agent.UnreachableError
-				var r *agent.RefusedError
-				if ctx.Err() != nil || !(errors.As(err, &u) || (errors.As(err, &r) && r.Retryable())) {
-					failed.Add(1)
-					b.Logf("agent %d: %v", i, err)
+				if ctx.Err() != nil || !transient(err) {
+					fail(a, err)
 					return
 				}
 				retries.Add(1)
-				time.Sleep(agent.Backoff(attempt, 200*time.Millisecond, 10*time.Second, randFloat()))
+				mu.Lock()
+				r.causes[retryCause(err)]++
+				mu.Unlock()
+				wait := agent.Backoff(attempt, herdBackoffBase, herdBackoffMax, rand.Float64())
+				var refused *agent.RefusedError
+				if errors.As(err, &refused) && refused.RetryAfter > wait {
+					wait = refused.RetryAfter
+				}
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+				}
 			}
-		}()
+		})
 	}
+	close(gate)
 	wg.Wait()
-	elapsed := time.Since(start)
+	r.elapsed = time.Since(start)
+	r.listenerCPU = cpu(pid) - cpu0
+	// the agent processes are waited for, so they are the children counted;
+	// the listener is not waited for until the end
+	r.inProcCPU, r.procCPU = rusage(syscall.RUSAGE_SELF)-self0, rusage(syscall.RUSAGE_CHILDREN)-children0
+	stopSide()
+	sideDone.Wait()
 	close(stopPoll)
-	cur, peak := rss(p.cmd.Process.Pid)
-	if int64(peak) < peakRSS.Load() {
-		peak = int(peakRSS.Load())
+	cur, peak := rss(pid)
+	r.endRSS, r.peakRSS = cur, max(peak, int(peakRSS.Load()))
+	// what the listener holds once the herd is done: polled until it stops
+	// falling (the Go runtime hands idle memory back over some seconds)
+	settledAt := time.Now()
+	r.settled = cur
+	for range 60 {
+		time.Sleep(time.Second)
+		now, _ := rss(pid)
+		if now < r.settled {
+			r.settled, settledAt = now, time.Now()
+		} else if time.Since(settledAt) >= 5*time.Second {
+			break
+		}
 	}
-	over := 0
-	for _, id := range ids {
-		cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), "codes", "show", id, "--json")
-		cmd.Env = append(os.Environ(), "STRATUM_ADMIN_SOCKET="+p.sock)
-		out, err := cmd.Output()
+	r.settledAfter = settledAt.Sub(start) - r.elapsed
+	r.failed, r.retries = failed.Load(), retries.Load()
+	return r
+}
+
+// errTransient is a process's exit 3: could not reach the listener, or a
+// refusal worth retrying.
+var errTransient = errors.New("transient (exit 3)")
+
+// retryCause names a transient failure's kind for the tally.
+func retryCause(err error) string {
+	var r *agent.RefusedError
+	if errors.As(err, &r) {
+		return r.Code
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	return msg
+}
+
+func transient(err error) bool {
+	var u *agent.UnreachableError
+	var r *agent.RefusedError
+	return errors.Is(err, errTransient) || errors.As(err, &u) || (errors.As(err, &r) && r.Retryable())
+}
+
+// join runs one attempt of the machine's join.
+func (a herdAgent) join(ctx context.Context, endpoint string) error {
+	if a.process {
+		file := a.state + ".secret"
+		if _, err := os.Stat(file); err != nil {
+			if err := os.WriteFile(file, []byte(a.secret+"\n"), 0o600); err != nil {
+				return err
+			}
+		}
+		cmd := exec.CommandContext(ctx, filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", endpoint, "--code-file", file, "--state", a.state, "--root", a.root)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) && exit.ExitCode() == 3 {
+			return errTransient
+		}
 		if err != nil {
-			b.Fatal(err)
+			return fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
 		}
-		var c struct{ Uses, MaxUses, Registrations int }
-		json.Unmarshal(out, &c)
-		if c.Uses > c.MaxUses || c.Registrations > c.MaxUses {
-			over++
-		}
+		return nil
 	}
-	b.Logf("herd of %d agents (%d codes x %d uses): %d failed, %d codes over their uses, %d transient retries; all joined in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener RSS %d KiB now, peak %d KiB",
-		n, codes, perCode, failed.Load(), over, retries.Load(), elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(),
-		ms(percentile(lat, .5)), ms(percentile(lat, .9)), ms(percentile(lat, .99)), ms(percentile(lat, 1)), cur, peak)
-	if failed.Load() != 0 || over != 0 {
-		b.Fatalf("herd: %d failures, %d codes over their uses", failed.Load(), over)
+	sec, err := joincode.Parse(a.secret)
+	if err != nil {
+		return err
+	}
+	rep, err := hwid.Collect(ctx, hwid.Config{Root: a.root})
+	if err != nil {
+		return err
+	}
+	// forty machines to a /24, a rack behind its switch
+	src := net.IPv4(127, byte(20+a.i/(40*250)), byte(a.i/40%250), byte(a.i%40+1))
+	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: a.state, Endpoint: endpoint, Secret: sec, Facts: rep.Facts, Dial: herdDial(src)})
+	return err
+}
+
+// herdDial dials from src, as a machine with that address would.
+func herdDial(src net.IP) func(context.Context, string, *tls.Config, *quic.Config) (*quic.Conn, error) {
+	return func(ctx context.Context, ep string, tc *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+		raddr, err := net.ResolveUDPAddr("udp", ep)
+		if err != nil {
+			return nil, err
+		}
+		udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: src})
+		if err != nil {
+			return nil, err
+		}
+		tr := &quic.Transport{Conn: udp}
+		conn, err := tr.Dial(ctx, raddr, tc, qc)
+		if err != nil {
+			tr.Close()
+			return nil, err
+		}
+		go func() { <-conn.Context().Done(); tr.Close() }()
+		return conn, nil
 	}
 }
 
-func randFloat() float64 { return rand.Float64() }
+// machinesDir holds the herd's machines: their sysfs trees and state
+// directories. Each machine of a fleet writes its own disk; here thousands
+// would share one, and ext4's inode allocation for their hundred thousand
+// small files would be most of the agents' CPU. So they live on tmpfs when
+// there is one (their fsyncs are then free: BenchmarkJoinDurableWrites
+// counts and costs them), and the listener's store stays on disk.
+func machinesDir(b *testing.B) string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		dir, err := os.MkdirTemp("/dev/shm", "stratum-herd-")
+		if err == nil {
+			b.Cleanup(func() { os.RemoveAll(dir) })
+			return dir
+		}
+	}
+	return b.TempDir()
+}
+
+func herdUUID(i int) string { return fmt.Sprintf("5e1f0c2a-0000-4000-8000-%012x", i+1) }
+
+// herdRoot writes machine i's sysfs tree under dir.
+func herdRoot(b *testing.B, dir string, i int) string {
+	root := filepath.Join(dir, "roots", strconv.Itoa(i))
+	dmi := filepath.Join(root, "sys", "class", "dmi", "id")
+	if err := os.MkdirAll(dmi, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dmi, "product_uuid"), []byte(herdUUID(i)+"\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	return root
+}
+
+// mintTokens mints n joinTokens tokens (maxUses 1) through the admin
+// socket, eight requests at a time.
+func (p *proc) mintTokens(b *testing.B, n int) []string {
+	b.Helper()
+	client := socketClient(p.sock)
+	tokens := make([]string, n)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	next := atomic.Int64{}
+	for range 8 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				body := fmt.Sprintf(`{"tenantId":"default","poolId":"default","ttlSeconds":7200,"maxUses":1,"idempotencyKey":"herd-%d"}`, i)
+				resp, err := client.Post("http://stratum-admin/api/compute/joinTokens/create", "application/json", strings.NewReader(body))
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				var out struct{ Token string }
+				err = json.NewDecoder(resp.Body).Decode(&out)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK {
+					firstErr.CompareAndSwap(nil, fmt.Errorf("mint token %d: %d %v", i, resp.StatusCode, err))
+					return
+				}
+				tokens[i] = out.Token
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	return tokens
+}
+
+// mintHeld mints a code whose joins wait for approval (the default).
+func (p *proc) mintHeld(b *testing.B, args ...string) string {
+	b.Helper()
+	var c struct{ Code, ID string }
+	p.adminJSON(b, &c, append([]string{"codes", "create", "--json"}, args...)...)
+	return c.Code + " " + c.ID
+}
+
+func (p *proc) adminJSON(b *testing.B, v any, args ...string) {
+	b.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "stratum-listener"), args...)
+	cmd.Env = append(os.Environ(), "STRATUM_ADMIN_SOCKET="+p.sock)
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("%v: %v", args, err)
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		b.Fatalf("%v: %v", args, err)
+	}
+}
+
+// approveLoop is the operator's approval script: once a second it lists
+// the pending joins and approves each whose machine is in the inventory.
+func approveLoop(ctx context.Context, b *testing.B, p *proc, inventory map[string]bool, approved *atomic.Int64) {
+	client := socketClient(p.sock)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://stratum-admin/v1/admin/cluster/joins", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			continue
+		}
+		var list struct {
+			Items []struct {
+				ID    string
+				State string
+				Facts struct{ ProductUUID string }
+			}
+		}
+		err = json.NewDecoder(resp.Body).Decode(&list)
+		resp.Body.Close()
+		if err != nil {
+			b.Logf("approver: list joins: %v", err)
+			continue
+		}
+		for _, j := range list.Items {
+			// hwid reports the UUID as SMBIOS spells it, upper case
+			if j.State != "pending" || !inventory[strings.ToLower(j.Facts.ProductUUID)] {
+				continue
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://stratum-admin/v1/admin/cluster/joins/"+j.ID+"/approve", nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				continue
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				b.Logf("approver: approve %s: %d %s", j.ID, resp.StatusCode, body)
+				continue
+			}
+			approved.Add(1)
+		}
+	}
+}

@@ -54,6 +54,8 @@ func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 	p.cmd.Args = append(p.cmd.Args, "--unproven-per-source=-1", "--connections-per-source=-1")
 	p.cmd.Args = append(p.cmd.Args, serveArgs...)
 	p.cmd.Stderr = os.Stderr
+	// a bench killed by a timeout must not leave its listener behind
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
