@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,8 @@ type admission struct {
 	perSource map[netip.Addr]int
 	total     int
 
+	handshakes int // admitted connections whose handshake is in progress
+
 	joins    atomic.Int64 // join connections being served
 	renewals atomic.Int64 // renewal connections being served
 
@@ -43,7 +46,38 @@ type admission struct {
 	warned map[netip.Addr]time.Time
 }
 
-var errSourceShare = errors.New("too many connections from this source")
+var (
+	errSourceShare = errors.New("too many connections from this source")
+	errBusy        = errors.New("too many handshakes in progress")
+)
+
+// handshakeSlot is a connection's place among the handshakes in
+// progress; it is given back once, when the handshake completes or the
+// connection ends.
+type handshakeSlot struct {
+	once sync.Once
+	free func()
+}
+
+func (s *handshakeSlot) release() {
+	if s != nil {
+		s.once.Do(s.free)
+	}
+}
+
+type handshakeKey struct{}
+
+// handshakeOf is the slot admit gave the connection whose context ctx is.
+func handshakeOf(ctx context.Context) *handshakeSlot {
+	s, _ := ctx.Value(handshakeKey{}).(*handshakeSlot)
+	return s
+}
+
+// defaultMaxHandshakes is Config.MaxHandshakes' default: enough
+// handshakes in progress to keep the CPUs busy across long round trips,
+// few enough that each one finishes well inside its timeouts when a herd
+// arrives at once.
+func defaultMaxHandshakes() int { return 64 * runtime.GOMAXPROCS(0) }
 
 func sourceAddr(a net.Addr) netip.Addr {
 	if ua, ok := a.(*net.UDPAddr); ok {
@@ -77,11 +111,28 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 		a.mu.Unlock()
 		return nil, errSourceShare
 	}
+	// Past the handshake bound a connection is refused at its first
+	// packet, for a few microseconds, and its agent backs off: quic-go
+	// runs every admitted handshake at once, so admitting it would slow
+	// all of them until they time out together and a herd makes no
+	// progress at all.
+	if max := l.cfg.MaxHandshakes; max > 0 && a.handshakes >= max {
+		a.mu.Unlock()
+		return nil, errBusy
+	}
 	a.perSource[src]++
 	a.total++
+	a.handshakes++
 	a.mu.Unlock()
+	slot := &handshakeSlot{free: func() {
+		a.mu.Lock()
+		a.handshakes--
+		a.mu.Unlock()
+	}}
+	ctx = context.WithValue(ctx, handshakeKey{}, slot)
 	// quic-go cancels ctx when the connection closes or its handshake fails
 	context.AfterFunc(ctx, func() {
+		slot.release()
 		a.mu.Lock()
 		a.total--
 		if a.perSource[src]--; a.perSource[src] <= 0 {
@@ -99,6 +150,7 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 type ConnStats struct {
 	Joins, Renewals int // connections past the handshake, by ALPN
 	Total           int // every admitted connection, handshakes included
+	Handshakes      int // admitted, handshake in progress
 	PerSource       map[string]int
 }
 
@@ -107,7 +159,7 @@ func (l *Listener) ConnStats() ConnStats {
 	a := &l.adm
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := ConnStats{Joins: int(a.joins.Load()), Renewals: int(a.renewals.Load()), Total: a.total, PerSource: map[string]int{}}
+	s := ConnStats{Joins: int(a.joins.Load()), Renewals: int(a.renewals.Load()), Total: a.total, Handshakes: a.handshakes, PerSource: map[string]int{}}
 	for k, v := range a.perSource {
 		s.PerSource[k.String()] = v
 	}

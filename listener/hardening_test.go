@@ -441,3 +441,58 @@ func TestPendingResultAnnouncesTheHold(t *testing.T) {
 		t.Fatalf("pending result %+v, want PendingFor about 24h", r)
 	}
 }
+
+// TestHandshakeBoundRefusesAtTheFirstPacket: with the handshake bound
+// held by a handshake in progress, a join is refused at once (not left
+// to time out), and once that handshake completes the bound admits the
+// next join.
+func TestHandshakeBoundRefusesAtTheFirstPacket(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(2)})
+
+	// a client that stops in the middle of its handshake: it holds the
+	// listener's one handshake slot until it is let go
+	release := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := quic.DialAddr(ctx, l.Endpoint, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13,
+			VerifyPeerCertificate: func([][]byte, [][]*x509.Certificate) error { <-release; return nil }},
+			&quic.Config{HandshakeIdleTimeout: 20 * time.Second})
+		if err == nil {
+			c.CloseWithError(0, "")
+		}
+		held <- err
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for l.ConnStats().Handshakes < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled handshake was never admitted: %+v", l.ConnStats())
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the condition above
+	}
+
+	start := time.Now()
+	_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: 15 * time.Second})
+	var unreachable *agent.UnreachableError
+	var te *quic.TransportError
+	if !errors.As(err, &unreachable) || !errors.As(err, &te) || te.ErrorCode != quic.ConnectionRefused || !te.Remote {
+		t.Fatalf("join past the handshake bound: %v, want the listener's CONNECTION_REFUSED", err)
+	}
+	t.Logf("refused after %s", time.Since(start).Round(time.Millisecond))
+
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatalf("the stalled handshake, let go: %v", err)
+	}
+	for l.ConnStats().Handshakes != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the completed handshake still holds its slot: %+v", l.ConnStats())
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the condition above
+	}
+	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+		t.Fatalf("join once the bound is free: %v", err)
+	}
+}

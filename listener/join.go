@@ -251,6 +251,9 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 			return errors.New("approval timed out")
 		}
 		j, err := l.cluster.Join(ctx, joinID)
+		if ctx.Err() != nil {
+			return ctx.Err() // the agent left, or the listener is stopping
+		}
 		if err != nil {
 			// not swallowed: the agent is told the store is unreachable
 			// and comes back to the same pending join

@@ -60,6 +60,12 @@ type Config struct {
 	// 2048); past it new ones are refused and agents back off and retry,
 	// so the listener's memory stays bounded under a herd.
 	MaxConnections int
+	// MaxHandshakes bounds the handshakes in progress at once (default 64
+	// per CPU; negative: no bound). Past it a new connection is refused at
+	// its first packet and its agent backs off, so a herd is served at the
+	// rate the CPUs allow instead of every handshake slowing past its
+	// timeout.
+	MaxHandshakes int
 	// MaxRenewals bounds the renewal connections (ALPN stratum-node/1)
 	// served at once, apart from joins (default 512), so a join flood
 	// never shuts renewals out.
@@ -194,6 +200,9 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = DefaultStoreTimeout
+	}
+	if cfg.MaxHandshakes == 0 {
+		cfg.MaxHandshakes = defaultMaxHandshakes()
 	}
 	if cfg.MaxRenewals == 0 {
 		cfg.MaxRenewals = defaultMaxRenewals
@@ -608,6 +617,7 @@ const resultGrace = 30 * time.Second
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	l.active.Add(1)
 	defer l.active.Add(-1)
+	handshakeOf(conn.Context()).release() // Accept returns it handshaken
 	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
 	alpn := cs.TLS.NegotiatedProtocol
