@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,59 +137,133 @@ func memAvailableKiB() int {
 // from Hello to Proof; the sub-benchmark logs it.
 func BenchmarkHerd(b *testing.B) {
 	n, procs := herdSize(b)
-	b.Run("tokens", func(b *testing.B) {
-		p := startListener(b, false, herdServeArgs...)
-		tokens := p.mintTokens(b, n)
-		agents := make([]herdAgent, n)
-		dir := machinesDir(b)
-		for i := range agents {
-			agents[i] = herdAgent{i: i, secret: tokens[i], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i < procs}
+	runs := envInt("STRATUM_HERD_RUNS", 3)
+	codesN := envInt("STRATUM_HERD_CODES", max(1, n/5))
+	var tokens, codes, oneCode []herdResult
+	for run := 1; run <= runs; run++ {
+		r := herdTokens(b, n, procs)
+		b.Logf("run %d, tokens: %s", run, r)
+		tokens = append(tokens, r)
+		if codesN > 0 {
+			r := herdCodes(b, codesN, procs*codesN/max(n, 1), 100, false)
+			b.Logf("run %d, batch codes of 100 uses, approved by a script once a second: %s", run, r)
+			codes = append(codes, r)
+			// one code's own rate: its attempt cap, not approval, bounds it
+			r = herdCodes(b, 200, 0, 200, true)
+			b.Logf("run %d, one code, 200 machines at once, auto-approved: %s", run, r)
+			oneCode = append(oneCode, r)
 		}
-		r := runHerd(b, p, agents, nil)
-		b.Logf("tokens: %s", r)
-		if r.failed != 0 {
-			b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
+	}
+	b.Logf("tokens over %d runs: %s", runs, spread(tokens))
+	if len(codes) > 0 {
+		b.Logf("batch codes over %d runs: %s", runs, spread(codes))
+		b.Logf("one code over %d runs: %s", runs, spread(oneCode))
+	}
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+// spread gives each figure's min, median and max over the runs.
+func spread(rs []herdResult) string {
+	fig := func(name string, f func(herdResult) float64, format string) string {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
 		}
-	})
-	b.Run("batch codes", func(b *testing.B) {
-		const perCode = 100
-		m := n
-		if v := os.Getenv("STRATUM_HERD_CODES"); v != "" {
-			m, _ = strconv.Atoi(v)
+		sort.Float64s(v)
+		return fmt.Sprintf("%s "+format+" / "+format+" / "+format, name, v[0], v[len(v)/2], v[len(v)-1])
+	}
+	return "min / median / max: " + strings.Join([]string{
+		fig("joins/s", func(r herdResult) float64 { return float64(r.n) / r.elapsed.Seconds() }, "%.0f"),
+		fig("p50 s", func(r herdResult) float64 { return percentile(r.lat, .5).Seconds() }, "%.2f"),
+		fig("p99 s", func(r herdResult) float64 { return percentile(r.lat, .99).Seconds() }, "%.2f"),
+		fig("listener CPU ms/join", func(r herdResult) float64 { return float64(r.listenerCPU) / 1e6 / float64(r.n) }, "%.2f"),
+		fig("agent CPU ms/join in-process", func(r herdResult) float64 {
+			return float64(r.inProcCPU) / 1e6 / float64(max(1, r.n-r.procs))
+		}, "%.2f"),
+		fig("retries", func(r herdResult) float64 { return float64(r.retries) }, "%.0f"),
+		fig("listener peak RSS MiB", func(r herdResult) float64 { return float64(r.peakRSS) / 1024 }, "%.1f"),
+		fig("listener RSS after MiB", func(r herdResult) float64 { return float64(r.settled) / 1024 }, "%.1f"),
+	}, "; ")
+}
+
+// herdTokens is one herd of n machines, each with a joinTokens token of
+// its own (maxUses 1), as provisioning hands them out: no approval, no
+// per-secret cap. The first procs are real processes.
+func herdTokens(b *testing.B, n, procs int) herdResult {
+	p := startListener(b, false, herdServeArgs...)
+	defer p.stop()
+	tokens := p.mintTokens(b, n)
+	agents := make([]herdAgent, n)
+	dir := machinesDir(b)
+	defer os.RemoveAll(dir)
+	for i := range agents {
+		agents[i] = herdAgent{i: i, secret: tokens[i], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i < procs}
+	}
+	r := runHerd(b, p, agents, nil)
+	if r.failed != 0 {
+		b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
+	}
+	return r
+}
+
+// herdCodes is one herd of m machines sharing join codes of perCode uses
+// (a rack each), procs of them real processes. Unless autoApprove, every
+// join is held for approval and a script approves what is pending once a
+// second through the admin API, checking each join's product UUID against
+// the inventory, as an operator's automation would. A code admits at most
+// 10 unproven exchanges at once (the attempt cap that keeps a code to 10
+// online guesses), so each code's rate is 10 over the time from Hello to
+// Proof.
+func herdCodes(b *testing.B, m, procs, perCode int, autoApprove bool) herdResult {
+	p := startListener(b, false, herdServeArgs...)
+	defer p.stop()
+	codes := (m + perCode - 1) / perCode
+	var secrets, ids []string
+	for range codes {
+		args := []string{"--max-uses", strconv.Itoa(perCode), "--ttl", "2h"}
+		if autoApprove {
+			args = append(args, "--auto-approve")
 		}
-		p := startListener(b, false, herdServeArgs...)
-		codes := (m + perCode - 1) / perCode
-		var secrets []string
-		var ids []string
-		for range codes {
-			f := strings.Fields(p.mintHeld(b, "--max-uses", strconv.Itoa(perCode), "--ttl", "2h"))
-			secrets, ids = append(secrets, f[0]), append(ids, f[1])
+		f := strings.Fields(p.mintHeld(b, args...))
+		secrets, ids = append(secrets, f[0]), append(ids, f[1])
+	}
+	agents := make([]herdAgent, m)
+	inventory := map[string]bool{}
+	dir := machinesDir(b)
+	defer os.RemoveAll(dir)
+	perCodeProcs := procs * perCode / max(m, 1)
+	for i := range agents {
+		// the machines of one code are one rack: consecutive ones
+		agents[i] = herdAgent{i: i, secret: secrets[i/perCode], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i%perCode < perCodeProcs}
+		inventory[herdUUID(i)] = true
+	}
+	var approved atomic.Int64
+	var approver func(context.Context)
+	if !autoApprove {
+		approver = func(ctx context.Context) { approveLoop(ctx, b, p, inventory, &approved) }
+	}
+	r := runHerd(b, p, agents, approver)
+	over := 0
+	for _, id := range ids {
+		var c struct{ Uses, MaxUses, Registrations int }
+		p.adminJSON(b, &c, "codes", "show", id, "--json")
+		if c.Uses > c.MaxUses || c.Registrations > c.MaxUses {
+			over++
 		}
-		agents := make([]herdAgent, m)
-		inventory := map[string]bool{}
-		dir := machinesDir(b)
-		for i := range agents {
-			// the agents of one code are one rack: consecutive machines
-			agents[i] = herdAgent{i: i, secret: secrets[i/perCode], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i%perCode < procs*perCode/max(n, 1)}
-			inventory[herdUUID(i)] = true
-		}
-		approved := atomic.Int64{}
-		approver := func(ctx context.Context) { approveLoop(ctx, b, p, inventory, &approved) }
-		r := runHerd(b, p, agents, approver)
-		over := 0
-		for _, id := range ids {
-			var c struct{ Uses, MaxUses, Registrations int }
-			p.adminJSON(b, &c, "codes", "show", id, "--json")
-			if c.Uses > c.MaxUses || c.Registrations > c.MaxUses {
-				over++
-			}
-		}
-		b.Logf("batch codes: %d codes x %d uses, approved by script once a second (%d approvals): %s; %d codes over their uses; per code %.1f joins/s",
-			codes, perCode, approved.Load(), r, over, float64(m)/float64(codes)/r.elapsed.Seconds())
-		if r.failed != 0 || over != 0 {
-			b.Fatalf("herd: %d failures, %d codes over their uses: %s", r.failed, over, strings.Join(r.firstFailures, "; "))
-		}
-	})
+	}
+	if r.failed != 0 || over != 0 {
+		b.Fatalf("herd: %d failures, %d codes over their uses: %s", r.failed, over, strings.Join(r.firstFailures, "; "))
+	}
+	if !autoApprove && approved.Load() != int64(m) {
+		b.Fatalf("herd: %d joins approved by the script, want %d", approved.Load(), m)
+	}
+	return r
 }
 
 // herdServeArgs lift the listener's per-prefix budget besides the

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ type proc struct {
 	data     string
 	sock     string
 	endpoint string
+	once     sync.Once
 }
 
 func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
@@ -59,7 +61,7 @@ func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 	if err := p.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGTERM); p.cmd.Wait() })
+	b.Cleanup(p.stop)
 	for range 100 {
 		if _, err := os.Stat(p.sock); err == nil {
 			return p
@@ -68,6 +70,11 @@ func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 	}
 	b.Fatal("listener did not start")
 	return nil
+}
+
+// stop ends the listener; a second call does nothing.
+func (p *proc) stop() {
+	p.once.Do(func() { p.cmd.Process.Signal(syscall.SIGTERM); p.cmd.Wait() })
 }
 
 func (p *proc) mint(b *testing.B, args ...string) string {
