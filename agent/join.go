@@ -139,14 +139,16 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	} else if n >= MaxPAKEFailures {
 		return nil, ErrGaveUp
 	}
-	key, tp, err := st.nodeKey(cfg.TPM)
+	key, freshKey, tp, err := st.nodeKey(cfg.TPM)
 	if err != nil {
 		return nil, err
 	}
 	// The nonce is on disk before the Hello leaves: if this process or
 	// the listener dies mid-join, the next attempt resumes it or a proof
-	// claims it back.
-	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator)
+	// claims it back. A key made now is written in the same batch (one
+	// directory sync for both): durable before the CSR that names it
+	// leaves, so no certificate can outlive its key.
+	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator, freshKey)
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +214,8 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	switch {
 	case err == nil, errors.As(err, &refused) && !refused.Retryable():
 		// the listener recorded a proof of the code: the refunds are spent
+		// (a join forgot them with its credentials already, and this finds
+		// nothing to write)
 		if ferr := st.finishAttempts(cfg.Secret.Locator); ferr != nil {
 			cfg.Logger.Warn("forget attempt nonces", "err", ferr)
 		}
@@ -451,7 +455,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
 		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
 	}
-	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id); err != nil {
+	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id, cfg.Secret.Locator); err != nil {
 		return nil, err
 	}
 	return &Joined{Identity: id, Chain: chain}, nil
