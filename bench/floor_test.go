@@ -77,7 +77,8 @@ func runFloorServer() int {
 			return 1
 		}
 		// the file's own entry is made durable once, before any join
-		if err := journal.Sync(); err == nil {
+		err = journal.Sync()
+		if err == nil {
 			err = pki.SyncDir(filepath.Dir(journal.Name()))
 		}
 		if err != nil {
