@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,8 +102,8 @@ type oneShotFigures struct {
 // (bench/floorclient) doing only what a token join must, against
 // a floor server doing only what the listener must; and, for scale, the
 // floor client process that only starts and exits, and `stratum-agent
-// version`. Each repetition runs a round of every kind in a
-// rotating order. It logs per repetition p50 and p90 wall, the client's
+// version`. Each repetition takes n turns of one process of every kind,
+// in an order that rotates. It logs per repetition p50 and p90 wall, the client's
 // CPU and the server's CPU per join, then min/median/max over the
 // repetitions, the ratio token p50 / floor p50, and the durable writes:
 // how many fsyncs each side makes and what one costs here.
@@ -143,40 +144,55 @@ func BenchmarkOneShotJoin(b *testing.B) {
 		pid  int // the server whose CPU a join costs; 0 for none
 	}
 	agentKind := func(secret string) func() ([]time.Duration, []time.Duration) {
-		return func() ([]time.Duration, []time.Duration) { return agentJoins(b, p, secret, n) }
+		return func() ([]time.Duration, []time.Duration) { return agentJoins(b, p, secret, 1) }
 	}
 	kinds := []kind{
 		{"agent, default token", agentKind(token), p.cmd.Process.Pid},
 		{"agent, default code", agentKind(code), p.cmd.Process.Pid},
 		{"agent, join key", agentKind(joinKey), p.cmd.Process.Pid},
-		{"floor (token)", func() ([]time.Duration, []time.Duration) { return floorJoins(b, addr, n) }, floor.Process.Pid},
-		{"floor process start", func() ([]time.Duration, []time.Duration) { return floorJoins(b, "start", n) }, 0},
-		{"agent version", func() ([]time.Duration, []time.Duration) { return agentStarts(b, n) }, 0},
+		{"floor (token)", func() ([]time.Duration, []time.Duration) { return floorJoins(b, addr, 1) }, floor.Process.Pid},
+		{"floor process start", func() ([]time.Duration, []time.Duration) { return floorJoins(b, "start", 1) }, 0},
+		{"agent version", func() ([]time.Duration, []time.Duration) { return agentStarts(b, 1) }, 0},
 	}
 	// one warm-up join on each side, so no repetition pays for a cold
 	// page cache
 	agentJoins(b, p, token, 1)
 	floorJoins(b, addr, 1)
 
+	// Each repetition takes n turns; each turn runs one process of every
+	// kind, in an order that rotates from turn to turn, so a burst of load
+	// from elsewhere on the machine lands on every kind alike.
 	figs := map[string][]oneShotFigures{}
-	for r := range reps {
-		for i := range kinds {
-			k := kinds[(i+r)%len(kinds)] // rotate the order each repetition
-			var c0 time.Duration
-			if k.pid != 0 {
-				c0 = cpu(k.pid)
+	turn := 0
+	for range reps {
+		wall := make([][]time.Duration, len(kinds))
+		cpus := make([][]time.Duration, len(kinds))
+		server := make([]time.Duration, len(kinds))
+		for range n {
+			for i := range kinds {
+				ki := (i + turn) % len(kinds)
+				k := kinds[ki]
+				var c0 time.Duration
+				if k.pid != 0 {
+					c0 = threadsCPU(k.pid)
+				}
+				w, c := k.run()
+				if k.pid != 0 {
+					server[ki] += threadsCPU(k.pid) - c0
+				}
+				wall[ki] = append(wall[ki], w...)
+				cpus[ki] = append(cpus[ki], c...)
 			}
-			wall, cpus := k.run()
-			f := oneShotFigures{p50: percentile(wall, .5), p90: percentile(wall, .9), agentCPU: percentile(cpus, .5)}
-			if k.pid != 0 {
-				f.serverCPU = (cpu(k.pid) - c0) / n
-			}
-			figs[k.name] = append(figs[k.name], f)
+			turn++
+		}
+		for i, k := range kinds {
+			figs[k.name] = append(figs[k.name], oneShotFigures{p50: percentile(wall[i], .5), p90: percentile(wall[i], .9),
+				agentCPU: percentile(cpus[i], .5), serverCPU: server[i] / n})
 		}
 	}
 
 	var t strings.Builder
-	fmt.Fprintf(&t, "one-shot joins from exec to exit, %d per kind per repetition, %d repetitions interleaved (rotating order):\n", n, reps)
+	fmt.Fprintf(&t, "one-shot joins from exec to exit, %d per kind per repetition, %d repetitions, the kinds interleaved process by process (rotating order):\n", n, reps)
 	fmt.Fprintf(&t, "%-22s %4s %10s %10s %12s %14s\n", "kind", "rep", "p50", "p90", "client CPU", "server CPU/join")
 	for _, k := range kinds {
 		for r, f := range figs[k.name] {
@@ -228,6 +244,33 @@ func BenchmarkOneShotJoin(b *testing.B) {
 			straceCalls(b, agentOut), straceCalls(b, floorOut))
 	}
 	b.Log("\n" + t.String())
+}
+
+// threadsCPU is the CPU time pid's threads have used, in nanoseconds from
+// their schedstat (the clock ticks of /proc/PID/stat are 10 ms, as long as
+// a join's share); cpu's ticks when schedstat is not there.
+func threadsCPU(pid int) time.Duration {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return cpu(pid)
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			return cpu(pid)
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return cpu(pid)
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return cpu(pid)
+		}
+		sum += time.Duration(ns)
+	}
+	return sum
 }
 
 // spread is "min / median / max" of one figure over the repetitions.
