@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -147,11 +148,18 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	// the listener dies mid-join, the next attempt resumes it or a proof
 	// claims it back. A key made now is written in the same batch (one
 	// directory sync for both): durable before the CSR that names it
-	// leaves, so no certificate can outlive its key.
-	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator, freshKey)
+	// leaves, so no certificate can outlive its key. The write runs while
+	// the QUIC handshake is under way, which sends nothing of the join;
+	// the Hello waits for it, and so does every return, so no write is
+	// left in flight.
+	nonce, commit, earlier, save, err := st.prepareAttempt(cfg.Secret.Locator, freshKey)
 	if err != nil {
 		return nil, err
 	}
+	saved := make(chan error, 1)
+	go func() { saved <- save() }()
+	waitSaved := sync.OnceValue(func() error { return <-saved })
+	defer waitSaved()
 	if tp != nil {
 		defer tp.Close()
 		// the CSR first: the attestation then holds TPM slots until the
@@ -184,6 +192,10 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	})
 	if err != nil {
 		return nil, &UnreachableError{err}
+	}
+	if err := waitSaved(); err != nil {
+		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "")
+		return nil, err
 	}
 	if ep != cfg.Endpoint {
 		cfg.Logger.Info("joining through another endpoint", "endpoint", ep)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -13,6 +14,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/stratumjoin/stratum/internal/joincode"
 )
 
 // TestJoinWritesKeyWithNonce checks the first durable write of a join: a
@@ -111,4 +114,27 @@ func testChain(t *testing.T) (ca, leaf *x509.Certificate) {
 	}
 	leaf, _ = x509.ParseCertificate(der)
 	return ca, leaf
+}
+
+// TestJoinUnreachableLeavesNonce checks that a join whose dial fails
+// still returns only once its nonce and key are written: the write runs
+// alongside the handshake, and no return leaves it in flight.
+func TestJoinUnreachableLeavesNonce(t *testing.T) {
+	st := State{Dir: filepath.Join(t.TempDir(), "state")}
+	sec, err := joincode.Parse("bcjt_jt_00000000000000000000000000.0000000000000000000000000000000000000000000000000000")
+	if err != nil {
+		t.Skipf("token form: %v", err)
+	}
+	_, err = Join(context.Background(), JoinConfig{StateDir: st.Dir, Endpoint: "127.0.0.1:1", Secret: sec, DialTimeout: 200 * time.Millisecond})
+	var unreachable *UnreachableError
+	if !errors.As(err, &unreachable) {
+		t.Fatalf("join: %v, want unreachable", err)
+	}
+	m, err := st.readAttempts()
+	if err != nil || len(m[sec.Locator]) != 1 {
+		t.Fatalf("attempts after the failed dial: %v %v", m, err)
+	}
+	if _, err := st.Key(); err != nil {
+		t.Fatal(err)
+	}
 }
