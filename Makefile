@@ -46,8 +46,9 @@ demo-ha: build
 	$(GO) build -o $(BIN)/etcd ./internal/store/etcdtest/etcdmain
 	./scripts/demo-ha.sh
 
-# Figures for the issue notes: join latency, listener CPU per join against
-# the floor, RSS after 1,000 joins, KE2 timing of live/inactive/unknown.
+# Figures for the issue notes: join latency, one-shot `stratum-agent join`
+# processes against their floor, listener CPU per join against the floor,
+# RSS after 1,000 joins, KE2 timing of live/inactive/unknown.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/pake/ ./pki/... ./internal/store/...

@@ -39,7 +39,9 @@ func (s State) readAttempts() (map[string][]string, error) {
 	return m, nil
 }
 
-func (s State) writeAttempts(m map[string][]string) error {
+// writeAttempts replaces attempts.json and, in the same batch and before
+// it, the files of with: one directory sync for all.
+func (s State) writeAttempts(m map[string][]string, with ...pki.File) error {
 	if err := s.ensureDir(); err != nil {
 		return err
 	}
@@ -47,7 +49,7 @@ func (s State) writeAttempts(m map[string][]string) error {
 	if err != nil {
 		return err
 	}
-	if err := pki.WriteFile(s.path(attemptsFile), b, 0o600); err != nil {
+	if err := pki.WriteFiles(s.Dir, append(with, pki.File{Name: attemptsFile, Data: b, Mode: 0o600})); err != nil {
 		return fmt.Errorf("record attempt nonce: %w", err)
 	}
 	return nil
@@ -58,11 +60,32 @@ func (s State) writeAttempts(m map[string][]string) error {
 // counted; repeating its guess resumes it), or a fresh one recorded
 // durably before anything is sent, so the attempt can be resumed or
 // refunded even if this process dies mid-join. It also returns the
-// commitment for Hello and the other unfinished nonces for Proof.
-func (s State) newAttempt(locator string) (nonce []byte, commit []byte, earlier [][]byte, err error) {
-	m, err := s.readAttempts()
+// commitment for Hello and the other unfinished nonces for Proof. A
+// fresh key (not nil) is written with the nonce, or alone when the nonce
+// is resumed.
+func (s State) newAttempt(locator string, fresh *pki.File) (nonce []byte, commit []byte, earlier [][]byte, err error) {
+	nonce, commit, earlier, save, err := s.prepareAttempt(locator, fresh)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if err := save(); err != nil {
+		return nil, nil, nil, err
+	}
+	return nonce, commit, earlier, nil
+}
+
+// prepareAttempt is newAttempt without the write: save makes the nonce
+// (and the fresh key) durable, and must have returned nil before the
+// Hello that carries the commitment leaves. Join runs it while the QUIC
+// handshake is under way, which sends nothing of the join.
+func (s State) prepareAttempt(locator string, fresh *pki.File) (nonce, commit []byte, earlier [][]byte, save func() error, err error) {
+	var with []pki.File
+	if fresh != nil {
+		with = append(with, *fresh)
+	}
+	m, err := s.readAttempts()
+	if err != nil {
+		return nil, nil, nil, nil, err
 	}
 	var kept [][]byte
 	for _, h := range m[locator] {
@@ -70,23 +93,30 @@ func (s State) newAttempt(locator string) (nonce []byte, commit []byte, earlier 
 			kept = append(kept, b)
 		}
 	}
+	save = func() error { return nil }
 	if len(kept) > 0 {
 		nonce, earlier = kept[len(kept)-1], kept[:len(kept)-1]
+		if len(with) > 0 {
+			save = func() error {
+				if err := pki.WriteFiles(s.Dir, with); err != nil {
+					return fmt.Errorf("write node key: %w", err)
+				}
+				return nil
+			}
+		}
 	} else {
 		nonce = make([]byte, wire.AttemptSize)
 		if _, err := rand.Read(nonce); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		m[locator] = []string{hex.EncodeToString(nonce)}
-		if err := s.writeAttempts(m); err != nil {
-			return nil, nil, nil, err
-		}
+		save = func() error { return s.writeAttempts(m, with...) }
 	}
 	if len(earlier) > maxKeptNonces-1 {
 		earlier = earlier[len(earlier)-(maxKeptNonces-1):]
 	}
 	c := sha256.Sum256(nonce)
-	return nonce, c[:], earlier, nil
+	return nonce, c[:], earlier, save, nil
 }
 
 // finishAttempts forgets locator's nonces once a proof of the code was

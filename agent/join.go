@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -139,17 +140,26 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	} else if n >= MaxPAKEFailures {
 		return nil, ErrGaveUp
 	}
-	key, tp, err := st.nodeKey(cfg.TPM)
+	key, freshKey, tp, err := st.nodeKey(cfg.TPM)
 	if err != nil {
 		return nil, err
 	}
 	// The nonce is on disk before the Hello leaves: if this process or
 	// the listener dies mid-join, the next attempt resumes it or a proof
-	// claims it back.
-	nonce, commit, earlier, err := st.newAttempt(cfg.Secret.Locator)
+	// claims it back. A key made now is written in the same batch (one
+	// directory sync for both): durable before the CSR that names it
+	// leaves, so no certificate can outlive its key. The write runs while
+	// the QUIC handshake is under way, which sends nothing of the join;
+	// the Hello waits for it, and so does every return, so no write is
+	// left in flight.
+	nonce, commit, earlier, save, err := st.prepareAttempt(cfg.Secret.Locator, freshKey)
 	if err != nil {
 		return nil, err
 	}
+	saved := make(chan error, 1)
+	go func() { saved <- save() }()
+	waitSaved := sync.OnceValue(func() error { return <-saved })
+	defer waitSaved()
 	if tp != nil {
 		defer tp.Close()
 		// the CSR first: the attestation then holds TPM slots until the
@@ -183,6 +193,10 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	if err != nil {
 		return nil, &UnreachableError{err}
 	}
+	if err := waitSaved(); err != nil {
+		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "")
+		return nil, err
+	}
 	if ep != cfg.Endpoint {
 		cfg.Logger.Info("joining through another endpoint", "endpoint", ep)
 	}
@@ -212,6 +226,8 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	switch {
 	case err == nil, errors.As(err, &refused) && !refused.Retryable():
 		// the listener recorded a proof of the code: the refunds are spent
+		// (a join forgot them with its credentials already, and this finds
+		// nothing to write)
 		if ferr := st.finishAttempts(cfg.Secret.Locator); ferr != nil {
 			cfg.Logger.Warn("forget attempt nonces", "err", ferr)
 		}
@@ -451,7 +467,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
 		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
 	}
-	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id); err != nil {
+	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id, cfg.Secret.Locator); err != nil {
 		return nil, err
 	}
 	return &Joined{Identity: id, Chain: chain}, nil

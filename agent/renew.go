@@ -86,7 +86,7 @@ func Renew(ctx context.Context, cfg RenewConfig) (Identity, error) {
 	if issuerRoot != nil {
 		id.CAFingerprint = pki.FormatFingerprint(pki.FingerprintOf(issuerRoot))
 	}
-	if err := st.saveCredentials(newChain, bundle, id); err != nil {
+	if err := st.saveCredentials(newChain, bundle, id, ""); err != nil {
 		return id, &localError{err}
 	}
 	return id, nil
@@ -127,7 +127,12 @@ func openNode(ctx context.Context, cfg *RenewConfig) (ns nodeSession, err error)
 	if locator == "" {
 		locator = id.TPM
 	}
-	key, tp, err := st.nodeKey(locator)
+	key, fresh, tp, err := st.nodeKey(locator)
+	if err == nil && fresh != nil {
+		// a joined node that lost its key file: written now, as Key
+		// writes a key it makes
+		err = pki.WriteSecretFile(st.path(KeyFile), fresh.Data)
+	}
 	if err != nil {
 		return nodeSession{id: id}, &localError{err}
 	}

@@ -105,28 +105,40 @@ func (s State) ensureDir() error {
 // Key returns the node key, generating it on first use. It never leaves
 // this directory: only CSRs signed with it do.
 func (s State) Key() (crypto.Signer, error) {
-	if err := s.ensureDir(); err != nil {
-		return nil, err
+	key, fresh, err := s.loadKey()
+	if err != nil || fresh == nil {
+		return key, err
 	}
-	b, err := os.ReadFile(s.path(KeyFile))
-	if err == nil {
-		return pki.ParsePrivateKeyPEM(b)
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("read node key: %w", err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generate node key: %w", err)
-	}
-	pemBytes, err := pki.MarshalPrivateKeyPEM(key)
-	if err != nil {
-		return nil, err
-	}
-	if err := pki.WriteSecretFile(s.path(KeyFile), pemBytes); err != nil {
+	if err := pki.WriteSecretFile(s.path(KeyFile), fresh.Data); err != nil {
 		return nil, fmt.Errorf("write node key: %w", err)
 	}
 	return key, nil
+}
+
+// loadKey reads the node key or, when there is none, generates one and
+// returns it with the file that holds it, for the caller to write: a join
+// writes it in one batch with its attempt nonce, before the CSR leaves.
+func (s State) loadKey() (crypto.Signer, *pki.File, error) {
+	if err := s.ensureDir(); err != nil {
+		return nil, nil, err
+	}
+	b, err := os.ReadFile(s.path(KeyFile))
+	if err == nil {
+		key, err := pki.ParsePrivateKeyPEM(b)
+		return key, nil, err
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("read node key: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate node key: %w", err)
+	}
+	pemBytes, err := pki.MarshalPrivateKeyPEM(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, &pki.File{Name: KeyFile, Data: pemBytes, Mode: 0o600}, nil
 }
 
 // CSR makes a certificate request for the node key. It asks for nothing:
@@ -165,17 +177,45 @@ func (s State) saveIdentity(id Identity) error {
 
 // saveCredentials writes node.crt, ca.pem and then node.json, each
 // atomically and with one directory sync: a crash leaves either the old
-// identity or the new one.
-func (s State) saveCredentials(chain, roots []*x509.Certificate, id Identity) error {
+// identity or the new one. With a locator (a join), the locator's attempt
+// nonces go in the same batch: a proof of the code was recorded, so they
+// can claim nothing back. When they were all attempts.json held, the file
+// is removed before the batch, and the batch's directory sync makes the
+// removal durable with the rest: no file of its own to sync. A crash that
+// keeps the removal but loses the identity loses nothing, since the nonces
+// were spent.
+func (s State) saveCredentials(chain, roots []*x509.Certificate, id Identity, locator string) error {
 	b, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := pki.WriteFiles(s.Dir, []pki.File{
+	files := []pki.File{
 		{Name: CertFile, Data: pki.EncodeCertsPEM(chain), Mode: 0o644},
 		{Name: CAFile, Data: pki.EncodeCertsPEM(roots), Mode: 0o644},
-		{Name: NodeFile, Data: append(b, '\n'), Mode: 0o600},
-	}); err != nil {
+	}
+	if locator != "" {
+		m, err := s.readAttempts()
+		if err != nil {
+			return err
+		}
+		if _, ok := m[locator]; ok {
+			delete(m, locator)
+			if len(m) == 0 {
+				if err := os.Remove(s.path(attemptsFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("forget attempt nonces: %w", err)
+				}
+			} else {
+				a, err := json.Marshal(m)
+				if err != nil {
+					return err
+				}
+				files = append(files, pki.File{Name: attemptsFile, Data: a, Mode: 0o600})
+			}
+		}
+	}
+	// node.json last: it is the commit marker
+	files = append(files, pki.File{Name: NodeFile, Data: append(b, '\n'), Mode: 0o600})
+	if err := pki.WriteFiles(s.Dir, files); err != nil {
 		return fmt.Errorf("write node identity: %w", err)
 	}
 	if err := os.Remove(s.path(PendingFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -75,20 +75,22 @@ func (s State) tpmKey(locator string) (*tpm.TPM, *tpm.Key, error) {
 }
 
 // nodeKey is the node's signer: in the TPM at locator when one is given or
-// the key lives in one, else the key file. close releases the TPM.
-func (s State) nodeKey(locator string) (key crypto.Signer, tp *tpm.TPM, err error) {
+// the key lives in one, else the key file. A key file made now comes back
+// as fresh, not yet written: the caller makes it durable before the key
+// is used. close releases the TPM.
+func (s State) nodeKey(locator string) (key crypto.Signer, fresh *pki.File, tp *tpm.TPM, err error) {
 	if locator == "" && s.HasTPMKey() {
-		return nil, nil, errors.New("this node's key lives in a TPM, and no TPM was given (--tpm or --tpm-sim)")
+		return nil, nil, nil, errors.New("this node's key lives in a TPM, and no TPM was given (--tpm or --tpm-sim)")
 	}
 	if locator == "" {
-		key, err = s.Key()
-		return key, nil, err
+		key, fresh, err = s.loadKey()
+		return key, fresh, nil, err
 	}
 	tp, k, err := s.tpmKey(locator)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return k, tp, nil
+	return k, nil, tp, nil
 }
 
 // readResult reads the Result that follows the Proof. With att, the

@@ -13,12 +13,16 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
 
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/wire"
+	"github.com/stratumjoin/stratum/pki"
 )
 
 // floorKit is what the floor server and its client share: a CA, a TLS
@@ -30,9 +34,10 @@ type floorKit struct {
 	keys   *pake.ServerKeys
 	record []byte
 	fp     [32]byte
+	ksf    pake.KSFParams
 }
 
-func newFloorKit() (*floorKit, error) {
+func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
 	k := &floorKit{}
 	var err error
 	k.caKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -47,15 +52,41 @@ func newFloorKit() (*floorKit, error) {
 		return nil, err
 	}
 	k.fp = sha256.Sum256(der)
-	k.record, err = k.keys.Mint("FL", []byte("FL000000000"), k.fp[:], pake.LightestKSF)
+	k.record, err = k.keys.Mint("FL", []byte("FL000000000"), k.fp[:], ksf)
+	k.ksf = ksf
 	return k, err
 }
 
 // runFloorServer serves the floor: for each connection one QUIC server
 // handshake, one KE2 and one certificate signature, nothing else. It
-// prints its address and serves until stdin closes.
+// prints its address and serves until stdin closes. In the one-shot mode
+// (STRATUM_BENCH_FLOOR=oneshot, the floor of a default token's join) the
+// record has no KSF, the KE3 is checked, and the issued certificate is
+// appended to a file in STRATUM_BENCH_FLOOR_DIR and fdatasynced before the
+// Result: the one durable write a join must make on the server's side.
 func runFloorServer() int {
-	k, err := newFloorKit()
+	oneShot := os.Getenv("STRATUM_BENCH_FLOOR") == "oneshot"
+	ksf := pake.LightestKSF
+	var journal *os.File
+	var journalMu sync.Mutex
+	if oneShot {
+		ksf = pake.NoKSF
+		var err error
+		if journal, err = os.OpenFile(filepath.Join(os.Getenv("STRATUM_BENCH_FLOOR_DIR"), "floor.journal"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		// the file's own entry is made durable once, before any join
+		err = journal.Sync()
+		if err == nil {
+			err = pki.SyncDir(filepath.Dir(journal.Name()))
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	k, err := newFloorKit(ksf)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -88,15 +119,18 @@ func runFloorServer() int {
 			if wire.Read(str, &hello) != nil {
 				return
 			}
-			ke2, _, err := k.keys.Respond(wire.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, k.record)
+			ke2, login, err := k.keys.Respond(wire.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, k.record)
 			if err != nil {
 				return
 			}
-			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: pake.LightestKSF}) != nil {
+			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: k.ksf}) != nil {
 				return
 			}
 			var proof wire.Proof
 			if wire.Read(str, &proof) != nil {
+				return
+			}
+			if oneShot && login.Finish(proof.KE3) != nil {
 				return
 			}
 			csr, err := x509.ParseCertificateRequest(proof.CSR)
@@ -107,6 +141,17 @@ func runFloorServer() int {
 			der, err := x509.CreateCertificate(rand.Reader, tmpl, k.caCert, csr.PublicKey, k.caKey)
 			if err != nil {
 				return
+			}
+			if journal != nil {
+				journalMu.Lock()
+				_, err = journal.Write(der)
+				if err == nil {
+					err = syscall.Fdatasync(int(journal.Fd()))
+				}
+				journalMu.Unlock()
+				if err != nil {
+					return
+				}
 			}
 			wire.Write(str, &wire.Result{Status: wire.StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{der}, CABundle: [][]byte{k.caCert.Raw}})
 			str.Close()
