@@ -1,57 +1,61 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
-	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Metrics is the agent's Prometheus instrumentation: what the state
 // directory says (read at each scrape, so it is never stale) and counts of
 // what the service loop did. Wire Retried and Renewed into RunConfig's
 // OnRetry and OnRenewal.
-//
-// It writes the text exposition format itself: seven series do not need
-// the Prometheus client library, whose package initialisation (with
-// protobuf's) every `stratum-agent` process would pay at start, one-shot
-// joins included (BenchmarkOneShotJoin).
 type Metrics struct {
-	st       State
-	retries  atomic.Uint64
-	renewed  atomic.Uint64
-	failures atomic.Uint64
+	reg      *prometheus.Registry
+	retries  prometheus.Counter
+	renewals *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics of the agent whose state is in stateDir.
 func NewMetrics(stateDir string) *Metrics {
-	return &Metrics{st: State{Dir: stateDir}}
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stratum_agent_retries_total", Help: "Joins and renewals that failed transiently and are tried again after a backoff.",
+		}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "stratum_agent_renewals_total", Help: "Renewal attempts by outcome (renewed, failed).",
+		}, []string{"outcome"}),
+	}
+	for _, o := range []string{"renewed", "failed"} {
+		m.renewals.WithLabelValues(o)
+	}
+	m.reg.MustRegister(m.retries, m.renewals, stateCollector{State{Dir: stateDir}})
+	return m
 }
 
 // Retried counts one transient failure (RunConfig.OnRetry).
-func (m *Metrics) Retried(int, time.Duration, error) { m.retries.Add(1) }
+func (m *Metrics) Retried(int, time.Duration, error) { m.retries.Inc() }
 
 // Renewed counts one renewal attempt (RunConfig.OnRenewal).
 func (m *Metrics) Renewed(err error) {
 	if err != nil {
-		m.failures.Add(1)
+		m.renewals.WithLabelValues("failed").Inc()
 		return
 	}
-	m.renewed.Add(1)
+	m.renewals.WithLabelValues("renewed").Inc()
 }
 
 // Serve serves /metrics on ln until ctx ends.
 func (m *Metrics) Serve(ctx context.Context, ln net.Listener, logger *slog.Logger) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_, _ = w.Write(m.exposition())
-	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -62,38 +66,38 @@ func (m *Metrics) Serve(ctx context.Context, ln net.Listener, logger *slog.Logge
 	}
 }
 
-// exposition is the text format of every series, families sorted by name
-// as the Prometheus client sorts them.
-func (m *Metrics) exposition() []byte {
-	var b bytes.Buffer
-	family := func(name, typ, help string) {
-		b.WriteString("# HELP " + name + " " + help + "\n# TYPE " + name + " " + typ + "\n")
+var (
+	descJoined      = prometheus.NewDesc("stratum_agent_joined", "1 when the state directory holds a node identity.", nil, nil)
+	descExpiry      = prometheus.NewDesc("stratum_agent_certificate_expiry_timestamp_seconds", "When the node certificate expires (Unix time).", nil, nil)
+	descRenewAfter  = prometheus.NewDesc("stratum_agent_certificate_renew_after_timestamp_seconds", "When the listener suggested renewing (Unix time).", nil, nil)
+	descLastRenewal = prometheus.NewDesc("stratum_agent_last_renewal_timestamp_seconds", "When the certificate was last renewed (Unix time; absent before the first renewal).", nil, nil)
+	descFailing     = prometheus.NewDesc("stratum_agent_renewal_failing", "1 when the last renewal attempt failed (its error is in `stratum-agent status`).", nil, nil)
+)
+
+// stateCollector reads the identity at each scrape.
+type stateCollector struct{ st State }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descJoined, descExpiry, descRenewAfter, descLastRenewal, descFailing} {
+		ch <- d
 	}
-	sample := func(name, labels string, v float64) {
-		b.WriteString(name + labels + " " + strconv.FormatFloat(v, 'g', -1, 64) + "\n")
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	id, ok, err := c.st.Identity()
+	if err != nil || !ok {
+		ch <- prometheus.MustNewConstMetric(descJoined, prometheus.GaugeValue, 0)
+		return
 	}
-	id, ok, err := m.st.Identity()
-	joined := err == nil && ok
-	if joined {
-		family("stratum_agent_certificate_expiry_timestamp_seconds", "gauge", "When the node certificate expires (Unix time).")
-		sample("stratum_agent_certificate_expiry_timestamp_seconds", "", float64(id.NotAfter.Unix()))
-		family("stratum_agent_certificate_renew_after_timestamp_seconds", "gauge", "When the listener suggested renewing (Unix time).")
-		sample("stratum_agent_certificate_renew_after_timestamp_seconds", "", float64(id.RenewAfter.Unix()))
+	ch <- prometheus.MustNewConstMetric(descJoined, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(descExpiry, prometheus.GaugeValue, float64(id.NotAfter.Unix()))
+	ch <- prometheus.MustNewConstMetric(descRenewAfter, prometheus.GaugeValue, float64(id.RenewAfter.Unix()))
+	if id.LastRenewal != nil {
+		ch <- prometheus.MustNewConstMetric(descLastRenewal, prometheus.GaugeValue, float64(id.LastRenewal.Unix()))
 	}
-	family("stratum_agent_joined", "gauge", "1 when the state directory holds a node identity.")
-	sample("stratum_agent_joined", "", map[bool]float64{false: 0, true: 1}[joined])
-	if joined && id.LastRenewal != nil {
-		family("stratum_agent_last_renewal_timestamp_seconds", "gauge", "When the certificate was last renewed (Unix time; absent before the first renewal).")
-		sample("stratum_agent_last_renewal_timestamp_seconds", "", float64(id.LastRenewal.Unix()))
+	failing := 0.0
+	if id.LastError != "" {
+		failing = 1
 	}
-	if joined {
-		family("stratum_agent_renewal_failing", "gauge", "1 when the last renewal attempt failed (its error is in `stratum-agent status`).")
-		sample("stratum_agent_renewal_failing", "", map[bool]float64{false: 0, true: 1}[id.LastError != ""])
-	}
-	family("stratum_agent_renewals_total", "counter", "Renewal attempts by outcome (renewed, failed).")
-	sample("stratum_agent_renewals_total", `{outcome="failed"}`, float64(m.failures.Load()))
-	sample("stratum_agent_renewals_total", `{outcome="renewed"}`, float64(m.renewed.Load()))
-	family("stratum_agent_retries_total", "counter", "Joins and renewals that failed transiently and are tried again after a backoff.")
-	sample("stratum_agent_retries_total", "", float64(m.retries.Load()))
-	return b.Bytes()
+	ch <- prometheus.MustNewConstMetric(descFailing, prometheus.GaugeValue, failing)
 }
