@@ -154,10 +154,10 @@ func BenchmarkHerd(b *testing.B) {
 			oneCode = append(oneCode, r)
 		}
 	}
-	b.Logf("tokens over %d runs: %s", runs, spread(tokens))
+	b.Logf("tokens over %d runs: %s", runs, herdSpread(tokens))
 	if len(codes) > 0 {
-		b.Logf("batch codes over %d runs: %s", runs, spread(codes))
-		b.Logf("one code over %d runs: %s", runs, spread(oneCode))
+		b.Logf("batch codes over %d runs: %s", runs, herdSpread(codes))
+		b.Logf("one code over %d runs: %s", runs, herdSpread(oneCode))
 	}
 }
 
@@ -168,8 +168,8 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// spread gives each figure's min, median and max over the runs.
-func spread(rs []herdResult) string {
+// herdSpread gives each figure's min, median and max over the runs.
+func herdSpread(rs []herdResult) string {
 	fig := func(name string, f func(herdResult) float64, format string) string {
 		v := make([]float64, len(rs))
 		for i, r := range rs {
