@@ -247,9 +247,10 @@ type Issuer func(nodeID, role string) (Cert, error)
 
 // Cert is an issued node certificate.
 type Cert struct {
-	DER      []byte
-	Serial   string
-	NotAfter time.Time
+	DER       []byte
+	Serial    string
+	NotBefore time.Time
+	NotAfter  time.Time
 }
 
 // ProveRequest completes a join whose KE3 verified.
