@@ -54,7 +54,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	// Unknown and inactive locators cost one durable write too (see
 	// cluster.standIn), so the Challenge's timing does not tell them apart.
 	// the guess a KE1 asks, so a repeated one resumes its counted attempt
-	guess, _ := pake.GuessOf(hello.KE1)
+	ke1 := pake.ParseKE1(hello.KE1) // decoded once, for the guess and the KE2
+	guess := ke1.Guess()
 	t0 := time.Now()
 	att, err := l.beginAttempt(ctx, cluster.BeginRequest{Locator: hello.Locator, Commit: hello.Attempt, Guess: guess})
 	l.metrics.storeOp("begin_attempt", t0, err)
@@ -88,7 +89,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return wire.CloseInternal, fmt.Errorf("stored fingerprint: %w", err)
 	}
 	binding := wire.BindingContext(exporter)
-	ke2, login, err := l.opaque.Respond(binding, rootFP[:], hello.Locator, hello.KE1, record)
+	ke2, login, err := l.opaque.RespondKE1(binding, rootFP[:], hello.Locator, ke1, record)
 	if err != nil {
 		return wire.CloseProtocol, fmt.Errorf("respond: %w", err)
 	}
