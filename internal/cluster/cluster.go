@@ -30,6 +30,7 @@ type Cluster struct {
 	logger *slog.Logger
 	now    func() time.Time
 	seq    eventSeq
+	locks  secretLocks
 }
 
 // New returns a Cluster over cfg.Store.
