@@ -67,59 +67,52 @@ func ksfTime(b *testing.B, p pake.KSFParams) time.Duration {
 	return percentile(d, .5)
 }
 
-// joins runs n sequential joins with one code; it returns each latency
-// and the listener's CPU time over them.
-func joins(b *testing.B, p *proc, code string, n int) ([]time.Duration, time.Duration) {
-	sec, err := joincode.Parse(strings.Fields(code)[0])
+// joins runs n joins with one secret, width at a time (1: sequential);
+// it returns each latency and the listener's CPU time over them.
+func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration, time.Duration) {
+	sec, err := joincode.Parse(strings.Fields(secret)[0])
 	if err != nil {
 		b.Fatal(err)
 	}
 	dir := b.TempDir()
-	var lat []time.Duration
-	cpu0 := cpu(p.cmd.Process.Pid)
+	// the node keys are made before the clock starts, as on a node
 	for i := range n {
-		state := filepath.Join(dir, fmt.Sprint(i))
-		// the node key is made before the clock starts, as on a node
-		if _, err := (agent.State{Dir: state}).Key(); err != nil {
+		if _, err := (agent.State{Dir: filepath.Join(dir, fmt.Sprint(i))}).Key(); err != nil {
 			b.Fatal(err)
 		}
-		t0 := time.Now()
-		if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: state, Endpoint: p.endpoint, Secret: sec}); err != nil {
-			b.Fatalf("join %d: %v", i, err)
+	}
+	lat := make([]time.Duration, n)
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	errs := make(chan error, width)
+	cpu0 := cpu(p.cmd.Process.Pid)
+	for range width {
+		go func() {
+			for i := range next {
+				t0 := time.Now()
+				if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(dir, fmt.Sprint(i)), Endpoint: p.endpoint, Secret: sec}); err != nil {
+					errs <- fmt.Errorf("join %d: %w", i, err)
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+			errs <- nil
+		}()
+	}
+	for range width {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
 		}
-		lat = append(lat, time.Since(t0))
 	}
 	return lat, cpu(p.cmd.Process.Pid) - cpu0
 }
 
-// BenchmarkJoinFigures logs join latency with the default and the
-// lightest Argon2id parameters, and the listener's CPU per join next to
-// the floor measured in the same run.
-func BenchmarkJoinFigures(b *testing.B) {
-	const n = 200
-	var listenerCPU []time.Duration
-	for _, tc := range []struct {
-		name  string
-		light bool
-		ksf   pake.KSFParams
-		serve []string
-	}{
-		{"argon2id-t3-64MiB-p4 (default)", false, pake.DefaultKSF, nil},
-		{"argon2id-t1-8MiB-p1 (lightest)", true, pake.LightestKSF, nil},
-		// every agent here comes from 127.0.0.1, so above 20 joins/s each
-		// one answers a Retry; a fleet's agents have addresses of their own
-		{"argon2id-t1-8MiB-p1, no Retry (--retry-above 100000)", true, pake.LightestKSF, []string{"--retry-above", "100000"}},
-	} {
-		p := startListener(b, tc.light, tc.serve...)
-		code := p.mint(b, "--max-uses", "0", "--ttl", "1h")
-		lat, used := joins(b, p, code, n)
-		ksf := ksfTime(b, tc.ksf)
-		listenerCPU = append(listenerCPU, used/n)
-		b.Logf("%s: %d joins: p50 %s, p99 %s; client KSF alone %s, so p50 without it %s; listener CPU %s per join",
-			tc.name, n, ms(percentile(lat, .5)), ms(percentile(lat, .99)), ms(ksf), ms(percentile(lat, .5)-ksf), ms(used/n))
-	}
-
-	// the floor: handshake + KE2 + one signature in a bare server process
+// floorCPU runs n floor exchanges, width at a time, against a bare floor
+// server process and returns its CPU per exchange.
+func floorCPU(b *testing.B, n, width int) time.Duration {
 	floor := exec.Command(os.Args[0], "-test.run=^$")
 	floor.Env = append(os.Environ(), "STRATUM_BENCH_FLOOR=1")
 	stdin, _ := floor.StdinPipe()
@@ -133,15 +126,84 @@ func BenchmarkJoinFigures(b *testing.B) {
 	addr = strings.TrimSpace(addr)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	cpu0 := cpu(floor.Process.Pid)
+	next := make(chan struct{}, n)
 	for range n {
-		if err := floorClient(context.Background(), addr, csr); err != nil {
+		next <- struct{}{}
+	}
+	close(next)
+	errs := make(chan error, width)
+	cpu0 := cpu(floor.Process.Pid)
+	for range width {
+		go func() {
+			for range next {
+				if err := floorClient(context.Background(), addr, csr); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range width {
+		if err := <-errs; err != nil {
 			b.Fatal(err)
 		}
 	}
-	floorCPU := (cpu(floor.Process.Pid) - cpu0) / n
-	b.Logf("floor (QUIC server handshake + OPAQUE KE2 + one signature): %s CPU per exchange; the listener used %.1fx, %.1fx and %.1fx of it in the three runs above",
-		ms(floorCPU), float64(listenerCPU[0])/float64(floorCPU), float64(listenerCPU[1])/float64(floorCPU), float64(listenerCPU[2])/float64(floorCPU))
+	return (cpu(floor.Process.Pid) - cpu0) / time.Duration(n)
+}
+
+// BenchmarkJoinFigures logs join latency with the default and the
+// lightest Argon2id parameters and with a join token, and the listener's
+// CPU per join next to the floor measured in the same run, for sequential
+// joins and for a wave of joins at once.
+func BenchmarkJoinFigures(b *testing.B) {
+	const n, wave, width = 200, 400, 32
+	// every agent here comes from 127.0.0.1, so above 20 joins/s each
+	// one answers a Retry; a fleet's agents have addresses of their own
+	noRetry := []string{"--retry-above", "100000"}
+	// the floor: handshake + KE2 + one signature in a bare server process
+	// (testing keeps ten lines of a benchmark's log: one line a case)
+	seq := floorCPU(b, n, 1)
+	par := floorCPU(b, wave, width)
+	b.Logf("floor (QUIC server handshake + OPAQUE KE2 + one signature): %s CPU per exchange sequential, %s in a wave of %d at once", ms(seq), ms(par), width)
+	for _, tc := range []struct {
+		name  string
+		light bool
+		token bool
+		ksf   pake.KSFParams
+		serve []string
+		width int
+	}{
+		{"code argon2id-t3-64MiB-p4 (default)", false, false, pake.DefaultKSF, nil, 1},
+		{"code argon2id-t1-8MiB-p1 (lightest)", true, false, pake.LightestKSF, nil, 1},
+		{"code argon2id-t1-8MiB-p1, no Retry (--retry-above 100000)", true, false, pake.LightestKSF, noRetry, 1},
+		{"token (identity KSF), no Retry", true, true, pake.KSFParams{}, noRetry, 1},
+		{"token (identity KSF), with Retry (default --retry-above)", true, true, pake.KSFParams{}, nil, 1},
+		{fmt.Sprintf("token wave, %d at once, no Retry", width), true, true, pake.KSFParams{}, noRetry, width},
+	} {
+		p := startListener(b, tc.light, tc.serve...)
+		var secret string
+		if tc.token {
+			secret = p.mintToken(b, 10000, "bench-figures")
+		} else {
+			secret = p.mint(b, "--max-uses", "0", "--ttl", "1h")
+		}
+		count, floor := n, seq
+		if tc.width > 1 {
+			count, floor = wave, par
+		}
+		lat, used := joins(b, p, secret, count, tc.width)
+		per := used / time.Duration(count)
+		ratio := float64(per) / float64(floor)
+		if tc.token {
+			b.Logf("%s: %d joins: p50 %s, p99 %s; listener CPU %s per join, %.2fx the floor",
+				tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), ms(per), ratio)
+			continue
+		}
+		ksf := ksfTime(b, tc.ksf)
+		b.Logf("%s: %d joins: p50 %s, p99 %s; client KSF alone %s, so p50 without it %s; listener CPU %s per join, %.2fx the floor",
+			tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), ms(ksf), ms(percentile(lat, .5)-ksf), ms(per), ratio)
+	}
 }
 
 // BenchmarkListenerMemory logs the listener's RSS after 1,000 joins.
@@ -149,7 +211,7 @@ func BenchmarkListenerMemory(b *testing.B) {
 	p := startListener(b, true)
 	code := p.mint(b, "--max-uses", "0", "--ttl", "1h")
 	before, _ := rss(p.cmd.Process.Pid)
-	lat, _ := joins(b, p, code, 1000)
+	lat, _ := joins(b, p, code, 1000, 1)
 	cur, peak := rss(p.cmd.Process.Pid)
 	b.Logf("listener RSS: %d KiB at start, %d KiB after 1,000 joins (peak %d KiB); join p50 %s p99 %s", before, cur, peak, ms(percentile(lat, .5)), ms(percentile(lat, .99)))
 }

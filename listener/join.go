@@ -3,7 +3,6 @@ package listener
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -55,7 +54,8 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	// Unknown and inactive locators cost one durable write too (see
 	// cluster.standIn), so the Challenge's timing does not tell them apart.
 	// the guess a KE1 asks, so a repeated one resumes its counted attempt
-	guess, _ := pake.GuessOf(hello.KE1)
+	ke1 := pake.ParseKE1(hello.KE1) // decoded once, for the guess and the KE2
+	guess := ke1.Guess()
 	t0 := time.Now()
 	att, err := l.beginAttempt(ctx, cluster.BeginRequest{Locator: hello.Locator, Commit: hello.Attempt, Guess: guess})
 	l.metrics.storeOp("begin_attempt", t0, err)
@@ -89,7 +89,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return wire.CloseInternal, fmt.Errorf("stored fingerprint: %w", err)
 	}
 	binding := wire.BindingContext(exporter)
-	ke2, login, err := l.opaque.Respond(binding, rootFP[:], hello.Locator, hello.KE1, record)
+	ke2, login, err := l.opaque.RespondKE1(binding, rootFP[:], hello.Locator, ke1, record)
 	if err != nil {
 		return wire.CloseProtocol, fmt.Errorf("respond: %w", err)
 	}
@@ -130,19 +130,20 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	str.SetReadDeadline(time.Time{})
 	l.refundProven(ctx) // a proven start gives its source's budget back
 
-	csr, err := x509.ParseCertificateRequest(proof.CSR)
+	// Parsed and checked once here; the issuer signs for the same value.
+	// Only the holder of the CSR's key may make, resume or replace a join
+	// for that key: a pending join is found by the key's fingerprint, and
+	// resuming it gives it this session's SAS.
+	csr, err := authority.ParseCSR(proof.CSR)
+	if errors.Is(err, authority.ErrCSRSignature) {
+		l.abandon(att)
+		return wire.CloseDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
+	}
 	if err != nil {
 		l.uncount(att) // proven: not a failed guess
 		return wire.CloseDone, rep.write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
 	}
-	// Only the holder of the CSR's key may make, resume or replace a join
-	// for that key: a pending join is found by the key's fingerprint, and
-	// resuming it gives it this session's SAS.
-	if err := csr.CheckSignature(); err != nil {
-		l.abandon(att)
-		return wire.CloseDone, wire.Write(str, &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"})
-	}
-	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo())
 	req := cluster.ProveRequest{
 		Attempt:    att,
 		Refunds:    proof.Refunds,
@@ -150,7 +151,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		KeyFP:      hex.EncodeToString(keyFP[:]),
 		CurrentCA:  currentFP,
 		NewNodeID:  pki.NodeID,
-		Issue:      l.issuer(proof.CSR),
+		Issue:      l.issuer(csr),
 		RequireTPM: l.poolRequiresTPM(att.Secret.Pool),
 		Remote:     rep.remote,
 		SAS: func(joinID string) string {
@@ -159,7 +160,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		},
 	}
 	if proof.TPM != nil {
-		if req.TPM, req.TPMRefusal, err = l.attest(str, proof.TPM, csr.PublicKey); err != nil {
+		if req.TPM, req.TPMRefusal, err = l.attest(str, proof.TPM, csr.PublicKey()); err != nil {
 			l.abandon(att)
 			return wire.CloseProtocol, fmt.Errorf("tpm attestation: %w", err)
 		}
@@ -265,20 +266,18 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 	}
 }
 
-func (l *Listener) issuer(csr []byte) cluster.Issuer {
+// issuer signs node certificates for a request that authority.ParseCSR
+// checked.
+func (l *Listener) issuer(csr *authority.CSR) cluster.Issuer {
 	return func(nodeID, role string) (cluster.Cert, error) {
 		l.mu.RLock()
 		ca := l.ca
 		l.mu.RUnlock()
-		der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: l.settings.TrustDomain, Role: role, Lifetime: time.Duration(l.settings.NodeLifetime), Now: l.now()})
+		cert, err := ca.IssueNodeCert(authority.NodeRequest{Parsed: csr, NodeID: nodeID, TrustDomain: l.settings.TrustDomain, Role: role, Lifetime: time.Duration(l.settings.NodeLifetime), Now: l.now()})
 		if err != nil {
 			return cluster.Cert{}, err
 		}
-		cert, err := x509.ParseCertificate(der)
-		if err != nil {
-			return cluster.Cert{}, err
-		}
-		return cluster.Cert{DER: der, Serial: serialHex(cert.SerialNumber), NotAfter: cert.NotAfter}, nil
+		return cluster.Cert{DER: cert.Raw, Serial: serialHex(cert.SerialNumber), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter}, nil
 	}
 }
 
@@ -297,8 +296,7 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 	chain := append([][]byte{out.Cert.DER}, certsDER(l.ca.Intermediates())...)
 	bundle := certsDER(l.roots)
 	l.mu.RUnlock()
-	cert, _ := x509.ParseCertificate(out.Cert.DER)
-	life := cert.NotAfter.Sub(cert.NotBefore)
+	life := out.Cert.NotAfter.Sub(out.Cert.NotBefore)
 	r := &wire.Result{
 		Status:     wire.StatusJoined,
 		NodeID:     out.Node.ID,
@@ -306,7 +304,7 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 		CABundle:   bundle,
 		Role:       out.Node.Role,
 		Trust:      out.Node.Trust,
-		RenewAfter: cert.NotBefore.Add(life * 2 / 3).Unix(),
+		RenewAfter: out.Cert.NotBefore.Add(life * 2 / 3).Unix(),
 		Host:       out.Node.Host.Wire(),
 	}
 	if out.Join != nil {

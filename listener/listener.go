@@ -488,6 +488,17 @@ func (l *Listener) Run(ctx context.Context) error {
 		MaxIdleTimeout:        30 * time.Second,
 		MaxIncomingStreams:    4,
 		MaxIncomingUniStreams: -1,
+		// What a peer may send ahead of what the listener has read is
+		// what the listener buffers for it: a frame is at most
+		// wire.MaxFrame, so a stream needs no more than one frame of
+		// window, and the connection no more than two. quic-go's
+		// defaults (512 KiB growing to 6 MiB a stream and 15 MiB a
+		// connection) would let each of thousands of connections that
+		// wait on a busy code or an approval park megabytes here.
+		InitialStreamReceiveWindow:     streamWindow,
+		MaxStreamReceiveWindow:         streamWindow,
+		InitialConnectionReceiveWindow: connWindow,
+		MaxConnectionReceiveWindow:     connWindow,
 		// No keepalive from the listener: a connection that does nothing
 		// must not be held open by its peer's server. The agent keeps a
 		// pending join alive itself.
@@ -606,6 +617,13 @@ func (l *Listener) derivedKey(label string) ([32]byte, error) {
 	copy(k[:], m.Sum(nil))
 	return k, nil
 }
+
+// The receive windows of a connection (see Run): at most connWindow bytes
+// of a peer's data wait in the listener for each connection.
+const (
+	streamWindow = wire.MaxFrame + 1024
+	connWindow   = 2 * streamWindow
+)
 
 var errTooManyConnections = errors.New("too many connections")
 

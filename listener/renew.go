@@ -70,15 +70,15 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	if leave {
 		return l.leave(ctx, str, nodeID, serialHex(leaf.SerialNumber))
 	}
-	csr, err := x509.ParseCertificateRequest(req.CSR)
-	if err != nil || csr.CheckSignature() != nil {
+	csr, err := authority.ParseCSR(req.CSR)
+	if err != nil {
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeBadCSR, Message: "the certificate request is malformed or its signature does not verify"}
 		l.metrics.renewal(res, nil)
 		return wire.CloseDone, wire.Write(str, res)
 	}
-	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+	keyFP := sha256.Sum256(csr.RawSubjectPublicKeyInfo())
 	t0 := time.Now()
-	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(req.CSR)})
+	out, err := l.cluster.Renew(ctx, cluster.RenewRequest{NodeID: nodeID, Serial: serialHex(leaf.SerialNumber), KeyFP: hex.EncodeToString(keyFP[:]), Issue: l.issuer(csr)})
 	l.metrics.storeOp("renew", t0, err)
 	if errors.Is(err, authority.ErrInvalidCSR) {
 		// a weak key or a type we do not accept: named, and read by the

@@ -165,6 +165,7 @@ func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
 	if !att.Counted || att.Secret == nil {
 		return nil
 	}
+	defer c.locks.lock(ctx, att.Secret.Locator)()
 	return c.update(ctx, func(tx *txn) error {
 		var s Secret
 		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)

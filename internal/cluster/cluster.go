@@ -30,6 +30,7 @@ type Cluster struct {
 	logger *slog.Logger
 	now    func() time.Time
 	seq    eventSeq
+	locks  secretLocks
 }
 
 // New returns a Cluster over cfg.Store.
@@ -78,6 +79,10 @@ func (c *Cluster) newEvent(typ, actor string, fields map[string]any) (Event, sto
 
 // logEvents logs events after their transaction committed.
 func (c *Cluster) logEvents(evs ...Event) {
+	// the attributes cost more than the check: every join logs one event
+	if len(evs) == 0 || !c.logger.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
 	for _, ev := range evs {
 		attrs := []any{slog.String("event", ev.Type), slog.String("seq", ev.Seq)}
 		if ev.Actor != "" {

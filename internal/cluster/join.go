@@ -70,6 +70,7 @@ type BeginRequest struct {
 // Begin is BeginAttempt with the agent's commitment and guess.
 func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) {
 	locator, commit := req.Locator, req.Commit
+	defer c.locks.lock(ctx, locator)()
 	var att Attempt
 	err := c.update(ctx, func(tx *txn) error {
 		att = Attempt{}
@@ -154,6 +155,7 @@ func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error 
 	if !att.Counted || att.LeaseID == "" {
 		return nil
 	}
+	defer c.locks.lock(ctx, att.Secret.Locator)()
 	return c.update(ctx, func(tx *txn) error {
 		var s Secret
 		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
@@ -247,9 +249,10 @@ type Issuer func(nodeID, role string) (Cert, error)
 
 // Cert is an issued node certificate.
 type Cert struct {
-	DER      []byte
-	Serial   string
-	NotAfter time.Time
+	DER       []byte
+	Serial    string
+	NotBefore time.Time
+	NotAfter  time.Time
 }
 
 // ProveRequest completes a join whose KE3 verified.
@@ -301,6 +304,11 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 		return Outcome{}, errors.New("prove without a secret")
 	}
 	id := req.Attempt.Secret.ID
+	defer c.locks.lock(ctx, req.Attempt.Secret.Locator)()
+	if req.NewNodeID != nil {
+		req.NewNodeID = onceNodeID(req.NewNodeID)
+	}
+	req.Issue = memoIssue(req.Issue)
 	var out Outcome
 	err := c.update(ctx, func(tx *txn) error {
 		var s Secret
@@ -639,6 +647,7 @@ type RenewRequest struct {
 // Renew issues a node a new certificate, unless it was revoked or the
 // certificate it presented was revoked by a reclaim.
 func (c *Cluster) Renew(ctx context.Context, req RenewRequest) (Outcome, error) {
+	req.Issue = memoIssue(req.Issue)
 	var out Outcome
 	err := c.update(ctx, func(tx *txn) error {
 		var n Node

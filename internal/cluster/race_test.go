@@ -174,3 +174,59 @@ func TestUsesRace(t *testing.T) {
 		})
 	}
 }
+
+// TestWaveSignsOncePerJoin: 32 holders of one unlimited code join at once
+// through two listeners; all join, and each join signs one certificate,
+// whatever rounds its transaction lost to the others.
+func TestWaveSignsOncePerJoin(t *testing.T) {
+	for name, open := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			cs := open(t)
+			s := mintCode(t, cs[0], 0)
+			const n = 32
+			var signed, ids, joined atomic.Int32
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c := cs[i%2]
+					var att cluster.Attempt
+					var err error
+					for {
+						att, err = c.BeginAttempt(context.Background(), s.Locator)
+						if !errors.Is(err, cluster.ErrBusy) {
+							break
+						}
+						time.Sleep(time.Millisecond)
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					out, err := c.Prove(context.Background(), cluster.ProveRequest{
+						Attempt: att, KeyFP: fmt.Sprint("key", i), CurrentCA: "fp",
+						NewNodeID: func() (string, error) { return fmt.Sprint("node-", ids.Add(1)), nil },
+						Issue: func(id, role string) (cluster.Cert, error) {
+							return cluster.Cert{Serial: fmt.Sprint("serial-", id, "-", signed.Add(1)), NotAfter: time.Now().Add(time.Hour)}, nil
+						},
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if out.Status != wire.StatusJoined {
+						t.Errorf("outcome %+v", out)
+						return
+					}
+					joined.Add(1)
+				}()
+			}
+			wg.Wait()
+			nodes, _ := cs[0].Nodes(context.Background())
+			if joined.Load() != n || len(nodes) != n || signed.Load() != n || ids.Load() != n {
+				t.Fatalf("joined %d, %d nodes, %d certificates signed, %d node ids made; want %d each", joined.Load(), len(nodes), signed.Load(), ids.Load(), n)
+			}
+		})
+	}
+}

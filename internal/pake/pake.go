@@ -204,13 +204,18 @@ type ServerLogin struct {
 // record nil means the locator is unknown: a fake record answers,
 // indistinguishable before KE3.
 func (k *ServerKeys) Respond(bindingCtx, serverID []byte, locator string, ke1 []byte, record []byte) (ke2 []byte, login *ServerLogin, err error) {
+	return k.RespondKE1(bindingCtx, serverID, locator, ParseKE1(ke1), record)
+}
+
+// RespondKE1 is Respond for a KE1 that ParseKE1 decoded.
+func (k *ServerKeys) RespondKE1(bindingCtx, serverID []byte, locator string, ke1 *KE1, record []byte) (ke2 []byte, login *ServerLogin, err error) {
+	if ke1.err != nil {
+		return nil, nil, ke1.err
+	}
+	m1 := ke1.msg
 	srv, err := k.server(bindingCtx, serverID)
 	if err != nil {
 		return nil, nil, err
-	}
-	m1, err := srv.Deserialize.KE1(ke1)
-	if err != nil {
-		return nil, nil, fmt.Errorf("decode KE1: %w", err)
 	}
 	// Both paths do the same work, so KE2's timing does not tell an unknown
 	// locator from a known one: derive the fake record (a scalar

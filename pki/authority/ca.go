@@ -42,6 +42,11 @@ type CA struct {
 	// notAfter is the earliest expiry along the chain: nothing issued may
 	// outlive it, or it would stop verifying first.
 	notAfter time.Time
+	// notBefore is the latest start of validity along the chain, and
+	// direct says that the chain constrains no leaf beyond what newCA
+	// verified (see validateLeaf).
+	notBefore time.Time
+	direct    bool
 }
 
 // NewRootCA makes a self-signed ECDSA P-256 root for trustDomain, valid for
@@ -166,7 +171,11 @@ func newCA(chain []*x509.Certificate, signer crypto.Signer, at time.Time) (*CA, 
 		if c.NotAfter.Before(ca.notAfter) {
 			ca.notAfter = c.NotAfter
 		}
+		if c.NotBefore.After(ca.notBefore) {
+			ca.notBefore = c.NotBefore
+		}
 	}
+	ca.direct = directChain(chain)
 	// The chain must verify for what we issue: an intermediate restricted
 	// to, say, email protection would make every node certificate fail.
 	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth} {
@@ -181,6 +190,28 @@ func newCA(chain []*x509.Certificate, signer crypto.Signer, at time.Time) (*CA, 
 		}
 	}
 	return ca, nil
+}
+
+// directChain reports whether a leaf signed by chain[0] verifies to the
+// root whenever chain[0] does and the leaf's own fields are right: no
+// certificate of the chain carries name constraints, which would also
+// bind the leaf's names, and none limits the path length below what a
+// leaf under chain[0] makes (certificate i has i CA certificates between
+// it and the leaf).
+func directChain(chain []*x509.Certificate) bool {
+	for i, c := range chain {
+		if c.PermittedDNSDomainsCritical || len(c.PermittedDNSDomains) > 0 || len(c.ExcludedDNSDomains) > 0 ||
+			len(c.PermittedIPRanges) > 0 || len(c.ExcludedIPRanges) > 0 ||
+			len(c.PermittedEmailAddresses) > 0 || len(c.ExcludedEmailAddresses) > 0 ||
+			len(c.PermittedURIDomains) > 0 || len(c.ExcludedURIDomains) > 0 ||
+			len(c.UnhandledCriticalExtensions) > 0 {
+			return false
+		}
+		if c.MaxPathLen >= 0 && (c.MaxPathLen > 0 || c.MaxPathLenZero) && i > c.MaxPathLen {
+			return false
+		}
+	}
+	return true
 }
 
 // Cert is the CA's own certificate, the issuer of what it signs.

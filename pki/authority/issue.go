@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -46,7 +47,12 @@ var (
 // NodeRequest is what the listener decided about a node certificate. Only
 // the CSR comes from the node, and only its public key is used.
 type NodeRequest struct {
-	CSR         []byte // DER, from the agent's Proof
+	CSR []byte // DER, from the agent's Proof
+	// Parsed, when set, is CSR as ParseCSR returned it, and CSR is not
+	// read: a caller that checked the request already (the listener needs
+	// its key before it issues) does not pay for the parse and the
+	// signature check twice.
+	Parsed      *CSR
 	NodeID      string // chosen by the listener, see NodeID
 	TrustDomain string
 	Role        string        // pki.RoleNode or pki.RoleNodeTenant
@@ -60,6 +66,16 @@ type NodeRequest struct {
 // serverAuth, a random 128-bit serial, and a lifetime capped at the CA's
 // expiry. It is verified against the root before it is returned.
 func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
+	cert, err := ca.IssueNodeCert(req)
+	if err != nil {
+		return nil, err
+	}
+	return cert.Raw, nil
+}
+
+// IssueNodeCert is IssueNode returning the parsed certificate, so that a
+// caller that reads its serial and lifetime does not parse it again.
+func (ca *CA) IssueNodeCert(req NodeRequest) (*x509.Certificate, error) {
 	if !pki.ValidTrustDomain(req.TrustDomain) {
 		return nil, fmt.Errorf("issue node: %w: trust domain %q", ErrInvalidRequest, req.TrustDomain)
 	}
@@ -76,9 +92,16 @@ func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
 	if lifetime < 0 {
 		return nil, fmt.Errorf("issue node: %w: negative lifetime %v", ErrInvalidRequest, lifetime)
 	}
-	pub, err := parseCSR(req.CSR)
-	if err != nil {
-		return nil, fmt.Errorf("issue node: %w", err)
+	csr := req.Parsed
+	if csr == nil {
+		var err error
+		if csr, err = ParseCSR(req.CSR); err != nil {
+			return nil, fmt.Errorf("issue node: %w", err)
+		}
+	}
+	pub := csr.pub
+	if err := checkKey(pub); err != nil {
+		return nil, fmt.Errorf("issue node: %w: %w", ErrInvalidCSR, err)
 	}
 	now := req.Now
 	if now.IsZero() {
@@ -94,7 +117,7 @@ func (ca *CA) IssueNode(req NodeRequest) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("issue node %s: %w", req.NodeID, err)
 	}
-	return cert.Raw, nil
+	return cert, nil
 }
 
 // IssueListener signs the listener's QUIC server certificate for pub: URI
@@ -192,8 +215,23 @@ func (ca *CA) issueLeaf(spec leafSpec, pub crypto.PublicKey, now time.Time, life
 
 // validateLeaf is the last check before a certificate leaves the CA: it
 // must chain to the root for its purpose and say exactly what spec says.
+//
+// For a direct chain (directChain) valid now, the chain is not built
+// again per leaf: newCA verified chain[0] to the root for both usages a
+// leaf has, and x509.CreateCertificate checked the leaf's signature with
+// chain[0]'s key (it refuses a signer that is not the parent's key, and
+// verifies what the signer returned), so x509.Verify would only repeat an
+// ECDSA verification and the chain building on every join. What is left
+// to the leaf is checked here: its issuer name and its validity now.
 func (ca *CA) validateLeaf(cert *x509.Certificate, spec leafSpec, pub crypto.PublicKey, now time.Time) error {
-	if _, err := cert.Verify(x509.VerifyOptions{
+	if ca.direct && !now.Before(ca.notBefore) && !now.After(ca.notAfter) {
+		switch {
+		case !bytes.Equal(cert.RawIssuer, ca.Cert().RawSubject):
+			return errors.New("issuer is not the ca certificate")
+		case now.Before(cert.NotBefore) || now.After(cert.NotAfter):
+			return errors.New("not valid now")
+		}
+	} else if _, err := cert.Verify(x509.VerifyOptions{
 		Roots:         ca.roots,
 		Intermediates: ca.intermediates,
 		CurrentTime:   now,
@@ -224,9 +262,30 @@ func (ca *CA) validateLeaf(cert *x509.Certificate, spec leafSpec, pub crypto.Pub
 	return nil
 }
 
-// parseCSR returns the public key of a well-formed, correctly self-signed
-// CSR with an acceptable key. Nothing else in the CSR is looked at.
-func parseCSR(der []byte) (crypto.PublicKey, error) {
+// ErrCSRSignature marks a certificate request whose self-signature does
+// not verify (it wraps ErrInvalidCSR too): the sender does not hold the
+// key it asks a certificate for, unlike a sender whose request is merely
+// malformed or names a key the CA does not accept.
+var ErrCSRSignature = errors.New("signature does not verify")
+
+// CSR is a certificate request that parsed and whose self-signature
+// verified; only ParseCSR makes one. Whether its key is one the CA
+// accepts is checked when a certificate is issued for it.
+type CSR struct {
+	pub  crypto.PublicKey
+	spki []byte
+}
+
+// PublicKey is the key the request asks a certificate for.
+func (c *CSR) PublicKey() crypto.PublicKey { return c.pub }
+
+// RawSubjectPublicKeyInfo is the key's DER SubjectPublicKeyInfo.
+func (c *CSR) RawSubjectPublicKeyInfo() []byte { return c.spki }
+
+// ParseCSR parses a DER certificate request and verifies its
+// self-signature. Nothing else in the CSR is looked at. Its errors wrap
+// ErrInvalidCSR; a signature that does not verify also ErrCSRSignature.
+func ParseCSR(der []byte) (*CSR, error) {
 	if len(der) == 0 {
 		return nil, fmt.Errorf("%w: empty", ErrInvalidCSR)
 	}
@@ -237,13 +296,10 @@ func parseCSR(der []byte) (crypto.PublicKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
 	}
-	if err := checkKey(csr.PublicKey); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidCSR, err)
-	}
 	if err := csr.CheckSignature(); err != nil {
-		return nil, fmt.Errorf("%w: signature does not verify: %w", ErrInvalidCSR, err)
+		return nil, fmt.Errorf("%w: %w: %w", ErrInvalidCSR, ErrCSRSignature, err)
 	}
-	return csr.PublicKey, nil
+	return &CSR{pub: csr.PublicKey, spki: csr.RawSubjectPublicKeyInfo}, nil
 }
 
 // checkKey accepts ECDSA P-256 and P-384, Ed25519, and RSA of 2048 to 8192

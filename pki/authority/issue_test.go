@@ -363,3 +363,77 @@ func pool(certs ...*x509.Certificate) *x509.CertPool {
 	}
 	return p
 }
+
+// An imported issuing CA whose name constraints leave out the trust
+// domain issues nothing: its leaves are verified through the whole chain,
+// not only by the checks a chain without constraints needs.
+func TestIssueNodeHonoursNameConstraints(t *testing.T) {
+	ext := pkitest.NewExternalCA(t)
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          ext.Intermediate.SerialNumber,
+		Subject:               ext.Intermediate.Subject,
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(1, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+		PermittedURIDomains:   []string{"other.example"},
+	}
+	inter := pkitest.CreateCert(t, tmpl, ext.Root, ext.IntermediateKey.Public(), ext.RootKey)
+	ca, err := authority.ImportCA(pki.EncodeCertsPEM([]*x509.Certificate{inter, ext.Root}), ext.KeyPEM)
+	if err != nil {
+		t.Fatalf("ImportCA: %v", err)
+	}
+	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
+	der, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	if err == nil {
+		t.Fatalf("issued %d bytes outside the issuing CA's name constraints", len(der))
+	}
+	if !strings.Contains(err.Error(), "failed validation") {
+		t.Fatalf("error %q is not the validator's", err)
+	}
+}
+
+// A request checked once with ParseCSR issues the same certificate as its
+// DER; one whose signature does not verify is told apart from a malformed
+// one.
+func TestParseCSR(t *testing.T) {
+	ca := pkitest.NewCA(t)
+	good, key := pkitest.NewCSR(t, pkitest.CSROptions{})
+	parsed, err := authority.ParseCSR(good)
+	if err != nil {
+		t.Fatalf("ParseCSR: %v", err)
+	}
+	der, err := ca.IssueNode(authority.NodeRequest{Parsed: parsed, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	if err != nil {
+		t.Fatalf("IssueNode: %v", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(key.Public()) {
+		t.Fatal("the certificate is not for the request's key")
+	}
+	badSig := slices.Clone(good)
+	badSig[len(badSig)-1] ^= 0x01
+	if _, err := authority.ParseCSR(badSig); !errors.Is(err, authority.ErrCSRSignature) || !errors.Is(err, authority.ErrInvalidCSR) {
+		t.Fatalf("bad signature: %v, want ErrCSRSignature and ErrInvalidCSR", err)
+	}
+	if _, err := authority.ParseCSR(good[:len(good)/2]); !errors.Is(err, authority.ErrInvalidCSR) || errors.Is(err, authority.ErrCSRSignature) {
+		t.Fatalf("truncated: %v, want ErrInvalidCSR alone", err)
+	}
+	p521, err := ecdsa.GenerateKey(elliptic.P521(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weak, err := authority.ParseCSR(pkitest.NewCSRWithKey(t, p521, pkitest.CSROptions{}))
+	if err != nil {
+		t.Fatalf("ParseCSR checks the signature only: %v", err)
+	}
+	if _, err := ca.IssueNode(authority.NodeRequest{Parsed: weak, NodeID: mustNodeID(t), TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode}); !errors.Is(err, authority.ErrInvalidCSR) {
+		t.Fatalf("P-521 key: %v, want ErrInvalidCSR", err)
+	}
+}
