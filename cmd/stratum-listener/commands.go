@@ -227,9 +227,6 @@ func serveCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			gc := listener.ServingGC(cfg)
-			gc.Apply()
-			cfg.Logger.Debug("garbage collector", "gcPercent", gc.Percent, "memoryLimit", gc.Limit)
 			if iv, _ := systemd.WatchdogInterval(); iv > 0 {
 				go notifier.RunWatchdog(cmd.Context(), iv)
 			}
