@@ -60,7 +60,7 @@ type Config struct {
 	// 2048); past it new ones are refused and agents back off and retry,
 	// so the listener's memory stays bounded under a herd.
 	MaxConnections int
-	// MaxHandshakes bounds the handshakes in progress at once (default 64
+	// MaxHandshakes bounds the handshakes in progress at once (default 256
 	// per CPU; negative: no bound). Past it a new connection is refused at
 	// its first packet and its agent backs off, so a herd is served at the
 	// rate the CPUs allow instead of every handshake slowing past its
@@ -159,6 +159,10 @@ type Listener struct {
 	store    store.Store
 	ownStore bool
 	ksfMem   memReturner // see returnKSFMemory
+	// burstMem returns the memory of a burst of connections (burst set)
+	// once it has passed
+	burstMem memReturner
+	burst    atomic.Bool
 
 	mu       sync.RWMutex
 	ca       *authority.CA
@@ -239,6 +243,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: authority.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
+	l.burstMem.before = func() { l.burst.Store(false) }
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store
 	if l.store == nil {
@@ -627,14 +632,28 @@ const (
 
 var errTooManyConnections = errors.New("too many connections")
 
+// burstConns connections served at once make a burst: a herd's
+// connections leave the heap grown, and the Go runtime would hand that
+// memory back to the OS only over minutes. Once no connection has ended
+// for a second the listener returns it at once, for one full collection
+// per burst; below this it does nothing, so a trickle of joins pays none.
+const burstConns = 64
+
 // resultGrace is how long the listener keeps a connection open after its
 // last frame for the agent to read it and close: closing first would drop
 // unacknowledged stream data, and a busy agent can be slow.
 const resultGrace = 30 * time.Second
 
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
-	l.active.Add(1)
-	defer l.active.Add(-1)
+	if l.active.Add(1) >= burstConns {
+		l.burst.Store(true)
+	}
+	defer func() {
+		l.active.Add(-1)
+		if l.burst.Load() {
+			l.burstMem.schedule()
+		}
+	}()
 	handshakeOf(conn.Context()).release() // Accept returns it handshaken
 	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()

@@ -77,6 +77,8 @@ func (l *Listener) returnKSFMemory() { l.ksfMem.schedule() }
 type memReturner struct {
 	mu sync.Mutex
 	t  *time.Timer
+	// before, when set, runs just before the memory is returned
+	before func()
 }
 
 func (m *memReturner) schedule() {
@@ -86,7 +88,12 @@ func (m *memReturner) schedule() {
 		m.t.Reset(ksfIdle)
 		return
 	}
-	m.t = time.AfterFunc(ksfIdle, debug.FreeOSMemory)
+	m.t = time.AfterFunc(ksfIdle, func() {
+		if m.before != nil {
+			m.before()
+		}
+		debug.FreeOSMemory()
+	})
 }
 
 // Endpoint is the first endpoint agents are told to dial.
