@@ -77,7 +77,7 @@ func handshakeOf(ctx context.Context) *handshakeSlot {
 // handshakes in progress to keep the CPUs busy across long round trips,
 // few enough that each one finishes well inside its timeouts when a herd
 // arrives at once.
-func defaultMaxHandshakes() int { return 64 * runtime.GOMAXPROCS(0) }
+func defaultMaxHandshakes() int { return 256 * runtime.GOMAXPROCS(0) }
 
 func sourceAddr(a net.Addr) netip.Addr {
 	if ua, ok := a.(*net.UDPAddr); ok {

@@ -241,7 +241,7 @@ func serveCommand() *cobra.Command {
 	etcd.register(cmd.Flags())
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "join connections served at once; agents beyond it back off and retry")
-	cmd.Flags().IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "QUIC handshakes in progress at once; past it new connections are refused at their first packet and agents back off (-1: no bound; default 64 per CPU)")
+	cmd.Flags().IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "QUIC handshakes in progress at once; past it new connections are refused at their first packet and agents back off (-1: no bound; default 256 per CPU)")
 	cmd.Flags().IntVar(&cfg.MaxRenewals, "max-renewals", 512, "renewal connections served at once, apart from joins")
 	cmd.Flags().IntVar(&cfg.PerSourceConnections, "connections-per-source", 64, "connections one source address may hold at once (-1: no share)")
 	cmd.Flags().DurationVar(&cfg.FirstStream, "first-stream", 5*time.Second, "how long a connection may go without opening its stream")
