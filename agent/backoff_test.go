@@ -17,6 +17,7 @@ import (
 
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/wire"
 )
 
 // A listener that stays down: agent.Run tries again after each failed
@@ -85,4 +86,32 @@ func TestRunBackoffSequence(t *testing.T) {
 			t.Errorf("the tries spread over %s, want 31.5s", got)
 		}
 	})
+}
+
+// TestRetryWaitCapsBusyRefusals: after a listener refused the connection
+// for being busy, the wait stops doubling at BusyMax; any other transient
+// failure keeps the service's schedule.
+func TestRetryWaitCapsBusyRefusals(t *testing.T) {
+	one := func() float64 { return 1 }
+	busy := &agent.UnreachableError{&quic.TransportError{ErrorCode: quic.ConnectionRefused, Remote: true}}
+	closedBusy := &agent.UnreachableError{&agent.ClosedError{Code: wire.CloseBusy}}
+	local := &agent.UnreachableError{&quic.TransportError{ErrorCode: quic.ConnectionRefused}}
+	other := &agent.UnreachableError{errors.New("timeout: no recent network activity")}
+	for _, tc := range []struct {
+		name string
+		err  error
+		n    int
+		want time.Duration
+	}{
+		{"busy, first", busy, 0, time.Second},
+		{"busy, tenth", busy, 10, agent.BusyMax},
+		{"no slot, tenth", closedBusy, 10, agent.BusyMax},
+		{"refused by this side, tenth", local, 10, 4 * time.Minute},
+		{"timeout, tenth", other, 10, 4 * time.Minute},
+		{"rate limited past the cap", &agent.RefusedError{Code: wire.CodeRateLimited, RetryAfter: 20 * time.Second}, 0, 25 * time.Second},
+	} {
+		if got := agent.RetryWait(tc.n, time.Second, 4*time.Minute, one, tc.err); got != tc.want {
+			t.Errorf("%s: wait %s, want %s", tc.name, got, tc.want)
+		}
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
@@ -313,16 +315,45 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 	}
 }
 
-// retry reports a transient failure and waits before the next attempt.
-func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause error) error {
-	wait := Backoff(attempt, c.BackoffBase, c.BackoffMax, c.Rand())
-	// a listener that named a wait (JOIN_RATE_LIMITED) is not asked again
-	// sooner, with jitter on top so a fleet told the same does not return
-	// together
+// BusyMax caps the wait after a listener turned the agent away for
+// being busy: it refused the connection at its first packet (past
+// --max-handshakes) or closed it for want of a slot. Such a refusal costs
+// the listener microseconds, and it frees slots at the rate it serves, so
+// waits that kept doubling to minutes would leave it idle while a herd's
+// last machines sleep.
+const BusyMax = 10 * time.Second
+
+// Busy reports whether err is a listener turning the agent away for
+// being busy.
+func Busy(err error) bool {
+	var te *quic.TransportError
+	if errors.As(err, &te) && te.Remote && te.ErrorCode == quic.ConnectionRefused {
+		return true
+	}
+	var ce *ClosedError
+	return errors.As(err, &ce) && ce.Code == wire.CloseBusy
+}
+
+// RetryWait is the wait before retry n (0-based) after cause: the
+// service's jittered backoff between base and max, capped at BusyMax when
+// the listener was busy, and never shorter than a wait the listener named
+// (JOIN_RATE_LIMITED), with jitter on top so a fleet told the same does
+// not return together. rnd returns uniform values in [0, 1).
+func RetryWait(n int, base, max time.Duration, rnd func() float64, cause error) time.Duration {
+	if Busy(cause) {
+		max = min(max, BusyMax)
+	}
+	wait := Backoff(n, base, max, rnd())
 	var r *RefusedError
 	if errors.As(cause, &r) && r.RetryAfter > 0 && wait < r.RetryAfter {
-		wait = r.RetryAfter + time.Duration(c.Rand()*float64(r.RetryAfter)/4)
+		wait = r.RetryAfter + time.Duration(rnd()*float64(r.RetryAfter)/4)
 	}
+	return wait
+}
+
+// retry reports a transient failure and waits before the next attempt.
+func (c *RunConfig) retry(ctx context.Context, what string, attempt int, cause error) error {
+	wait := RetryWait(attempt, c.BackoffBase, c.BackoffMax, c.Rand, cause)
 	c.Logger.Warn(what+" failed, retrying", "err", cause, "in", wait, "attempt", attempt+1)
 	_ = c.Notifier.Status(fmt.Sprintf("%s failed, retrying in %s: %v", what, wait.Round(time.Millisecond), cause))
 	if c.OnRetry != nil {
