@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -269,7 +270,8 @@ func herdCodes(b *testing.B, m, procs, perCode int, autoApprove bool) herdResult
 // herdServeArgs lift the listener's per-prefix budget besides the
 // per-source ones startListener lifts: the real processes all come from
 // 127.0.0.1, as agents behind one NAT would, and such a site must lift them.
-var herdServeArgs = []string{"--unproven-per-prefix=-1"}
+// STRATUM_HERD_SERVE_ARGS adds serve flags, to compare settings.
+var herdServeArgs = append([]string{"--unproven-per-prefix=-1"}, strings.Fields(os.Getenv("STRATUM_HERD_SERVE_ARGS"))...)
 
 // runHerd starts every agent at once and waits for all of them; side, if
 // set, runs beside them (the approval script) until they are done.
@@ -338,11 +340,7 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 				mu.Lock()
 				r.causes[retryCause(err)]++
 				mu.Unlock()
-				wait := agent.Backoff(attempt, herdBackoffBase, herdBackoffMax, rand.Float64())
-				var refused *agent.RefusedError
-				if errors.As(err, &refused) && refused.RetryAfter > wait {
-					wait = refused.RetryAfter
-				}
+				wait := agent.RetryWait(attempt, herdBackoffBase, herdBackoffMax, rand.Float64, err)
 				select {
 				case <-time.After(wait):
 				case <-ctx.Done():
@@ -351,6 +349,14 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		})
 	}
 	close(gate)
+	if f := os.Getenv("STRATUM_HERD_GOROUTINES"); f != "" {
+		go func() {
+			time.Sleep(8 * time.Second)
+			out, _ := os.Create(f)
+			pprof.Lookup("goroutine").WriteTo(out, 1)
+			out.Close()
+		}()
+	}
 	wg.Wait()
 	r.elapsed = time.Since(start)
 	r.listenerCPU = cpu(pid) - cpu0
@@ -418,6 +424,10 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 		err := cmd.Run()
 		var exit *exec.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 3 {
+			if strings.Contains(stderr.String(), "CONNECTION_REFUSED") {
+				// turned away busy: what agent.RetryWait caps
+				return fmt.Errorf("%w: %w", errTransient, &quic.TransportError{ErrorCode: quic.ConnectionRefused, Remote: true})
+			}
 			return errTransient
 		}
 		if err != nil {
