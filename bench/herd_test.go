@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,6 +58,7 @@ type herdResult struct {
 	inProcCPU, procCPU       time.Duration // the agents' CPU, by kind
 	peakRSS, endRSS, settled int           // KiB
 	settledAfter             time.Duration
+	anon, file               int // KiB of the settled RSS: heap and such, and mapped files (the store)
 	firstFailures            []string
 	causes                   map[string]int // transient failures by kind
 }
@@ -68,7 +68,7 @@ func (r herdResult) String() string {
 		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
 		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
 		ms(r.listenerCPU/time.Duration(max(1, r.n))), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.procCPU/time.Duration(max(1, r.procs))),
-		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf("; retried on %v", r.causes)
+		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB the store's mapped file); retried on %v", r.anon, r.file, r.causes)
 }
 
 // rusage returns the user+system CPU of who (RUSAGE_SELF, RUSAGE_CHILDREN).
@@ -102,6 +102,24 @@ func herdSize(b *testing.B) (n, procs int) {
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	}
 	return n, procs
+}
+
+// rssParts returns RssAnon and RssFile in KiB: what the process holds
+// itself, and the pages of files it maps (bbolt maps its store).
+func rssParts(pid int) (anon, file int) {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			switch f[0] {
+			case "RssAnon:":
+				anon, _ = strconv.Atoi(f[1])
+			case "RssFile:":
+				file, _ = strconv.Atoi(f[1])
+			}
+		}
+	}
+	return anon, file
 }
 
 func memAvailableKiB() int {
@@ -190,6 +208,7 @@ func herdSpread(rs []herdResult) string {
 		fig("retries", func(r herdResult) float64 { return float64(r.retries) }, "%.0f"),
 		fig("listener peak RSS MiB", func(r herdResult) float64 { return float64(r.peakRSS) / 1024 }, "%.1f"),
 		fig("listener RSS after MiB", func(r herdResult) float64 { return float64(r.settled) / 1024 }, "%.1f"),
+		fig("of it anonymous MiB", func(r herdResult) float64 { return float64(r.anon) / 1024 }, "%.1f"),
 	}, "; ")
 }
 
@@ -349,14 +368,6 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		})
 	}
 	close(gate)
-	if f := os.Getenv("STRATUM_HERD_GOROUTINES"); f != "" {
-		go func() {
-			time.Sleep(8 * time.Second)
-			out, _ := os.Create(f)
-			pprof.Lookup("goroutine").WriteTo(out, 1)
-			out.Close()
-		}()
-	}
 	wg.Wait()
 	r.elapsed = time.Since(start)
 	r.listenerCPU = cpu(pid) - cpu0
@@ -382,6 +393,7 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		}
 	}
 	r.settledAfter = settledAt.Sub(start) - r.elapsed
+	r.anon, r.file = rssParts(pid)
 	r.failed, r.retries = failed.Load(), retries.Load()
 	return r
 }
