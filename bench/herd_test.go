@@ -96,10 +96,21 @@ func herdSize(b *testing.B) (n, procs int) {
 		procs, _ = strconv.Atoi(v)
 		procs = min(procs, n)
 	}
+	// each machine at work holds a few descriptors at once (its UDP
+	// socket, a netlink socket while it probes, its state files); root
+	// may raise the hard limit too
+	need := uint64(n)*6 + 4096
 	var lim syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil && lim.Cur < uint64(n)*2+4096 {
-		lim.Cur = min(lim.Max, uint64(n)*2+4096)
-		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil && lim.Cur < need {
+		if lim.Max < need {
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: need, Max: need}); err == nil {
+				return n, procs
+			}
+		}
+		lim.Cur = min(lim.Max, need)
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < need {
+			b.Logf("open files limited to %d: a herd of %d may run out (raise it, or run as root)", lim.Cur, n)
+		}
 	}
 	return n, procs
 }
