@@ -109,7 +109,11 @@ func herdSize(b *testing.B) (n, procs int) {
 		}
 		lim.Cur = min(lim.Max, need)
 		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < need {
-			b.Logf("open files limited to %d: a herd of %d may run out (raise it, or run as root)", lim.Cur, n)
+			// a machine holds its descriptors only while it joins: at most
+			// so many join at once here, the others wait their turn as if
+			// they booted later
+			joiningAtOnce = make(chan struct{}, max(64, int(lim.Cur-4096)/6))
+			b.Logf("open files limited to %d: at most %d in-process machines join at once", lim.Cur, cap(joiningAtOnce))
 		}
 	}
 	return n, procs
@@ -132,6 +136,10 @@ func rssParts(pid int) (anon, file int) {
 	}
 	return anon, file
 }
+
+// joiningAtOnce, when the open-file limit is below what the herd needs,
+// bounds the in-process machines joining at once.
+var joiningAtOnce chan struct{}
 
 func memAvailableKiB() int {
 	b, _ := os.ReadFile("/proc/meminfo")
@@ -457,6 +465,10 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 			return fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
 		}
 		return nil
+	}
+	if joiningAtOnce != nil {
+		joiningAtOnce <- struct{}{}
+		defer func() { <-joiningAtOnce }()
 	}
 	sec, err := joincode.Parse(a.secret)
 	if err != nil {
