@@ -40,13 +40,20 @@ type proc struct {
 
 func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 	b.Helper()
+	var initArgs []string
+	if light {
+		initArgs = []string{"--light-ksf"}
+	}
+	return startListenerInit(b, initArgs, serveArgs...)
+}
+
+// startListenerInit is startListener with init flags of its own.
+func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *proc {
+	b.Helper()
 	sockDir, _ := os.MkdirTemp("/tmp", "sjb")
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
 	p := &proc{data: filepath.Join(b.TempDir(), "l"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(b)}
-	args := []string{"init", "--data", p.data, "--endpoint", p.endpoint}
-	if light {
-		args = append(args, "--light-ksf")
-	}
+	args := append([]string{"init", "--data", p.data, "--endpoint", p.endpoint}, initArgs...)
 	if out, err := exec.Command(filepath.Join(binDir, "stratum-listener"), args...).CombinedOutput(); err != nil {
 		b.Fatalf("init: %v %s", err, out)
 	}
