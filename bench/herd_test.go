@@ -97,9 +97,10 @@ func herdSize(b *testing.B) (n, procs int) {
 		procs = min(procs, n)
 	}
 	// each machine at work holds a few descriptors at once (its UDP
-	// socket, a netlink socket while it probes, its state files); root
-	// may raise the hard limit too
-	need := uint64(n)*6 + 4096
+	// socket, netlink sockets while it probes, its state files); a herd
+	// of 10,000 ran out at six each, so twelve are reserved. Root may
+	// raise the hard limit too
+	need := uint64(n)*12 + 4096
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil && lim.Cur < need {
 		if lim.Max < need {
@@ -112,7 +113,7 @@ func herdSize(b *testing.B) (n, procs int) {
 			// a machine holds its descriptors only while it joins: at most
 			// so many join at once here, the others wait their turn as if
 			// they booted later
-			joiningAtOnce = make(chan struct{}, max(64, int(lim.Cur-4096)/6))
+			joiningAtOnce = make(chan struct{}, max(64, int(lim.Cur-4096)/12))
 			b.Logf("open files limited to %d: at most %d in-process machines join at once", lim.Cur, cap(joiningAtOnce))
 		}
 	}
