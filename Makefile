@@ -48,16 +48,17 @@ demo-ha: build
 
 # Figures for the issue notes: join latency, one-shot `stratum-agent join`
 # processes against their floor, listener CPU per join against the floor,
-# RSS after 1,000 joins, KE2 timing of live/inactive/unknown.
+# RSS after 1,000 joins, KE2 timing of live/inactive/unknown. -v because
+# testing keeps only ten lines of a benchmark's log without it.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
+	$(GO) test -v -run '^$$' -bench . -benchtime 1x -timeout 30m ./bench/
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/pake/ ./pki/... ./internal/store/...
 
 # 10,000 machines joining at once through one listener, three runs: with
 # tokens (up to 1,000 real agent processes, the rest in-process), with batch
 # codes approved by a script, and one code's own rate (BenchmarkHerd).
 herd:
-	STRATUM_HERD=10000 $(GO) test -run '^$$' -bench Herd -benchtime 1x -timeout 60m ./bench/
+	STRATUM_HERD=10000 $(GO) test -v -run '^$$' -bench Herd -benchtime 1x -timeout 60m ./bench/
 
 FUZZTIME ?= 30s
 # every fuzz target in the module, each for FUZZTIME

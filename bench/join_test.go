@@ -112,18 +112,25 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 
 // floorCPU runs n floor exchanges, width at a time, against a bare floor
 // server process and returns its CPU per exchange.
-func floorCPU(b *testing.B, n, width int) time.Duration {
+// startFloor runs this test binary as the floor server with env; it
+// serves until the benchmark ends. It returns the process and its address.
+func startFloor(b *testing.B, env ...string) (*exec.Cmd, string) {
+	b.Helper()
 	floor := exec.Command(os.Args[0], "-test.run=^$")
-	floor.Env = append(os.Environ(), "STRATUM_BENCH_FLOOR=1")
+	floor.Env = append(os.Environ(), env...)
 	stdin, _ := floor.StdinPipe()
 	stdout, _ := floor.StdoutPipe()
 	floor.Stderr = os.Stderr
 	if err := floor.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { stdin.Close(); floor.Wait() }()
+	b.Cleanup(func() { stdin.Close(); floor.Wait() })
 	addr, _ := bufio.NewReader(stdout).ReadString('\n')
-	addr = strings.TrimSpace(addr)
+	return floor, strings.TrimSpace(addr)
+}
+
+func floorCPU(b *testing.B, n, width int) time.Duration {
+	floor, addr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	next := make(chan struct{}, n)

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -126,17 +125,7 @@ func BenchmarkOneShotJoin(b *testing.B) {
 	joinKey := p.mintJoinKey(b)
 
 	floorDir := b.TempDir()
-	floor := exec.Command(os.Args[0], "-test.run=^$")
-	floor.Env = append(os.Environ(), "STRATUM_BENCH_FLOOR=oneshot", "STRATUM_BENCH_FLOOR_DIR="+floorDir)
-	stdin, _ := floor.StdinPipe()
-	stdout, _ := floor.StdoutPipe()
-	floor.Stderr = os.Stderr
-	if err := floor.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { stdin.Close(); floor.Wait() }()
-	addr, _ := bufio.NewReader(stdout).ReadString('\n')
-	addr = strings.TrimSpace(addr)
+	floor, addr := startFloor(b, "STRATUM_BENCH_FLOOR=oneshot", "STRATUM_BENCH_FLOOR_DIR="+floorDir)
 
 	type kind struct {
 		name string
