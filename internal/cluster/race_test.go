@@ -133,15 +133,7 @@ func TestUsesRace(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					c := cs[i%2]
-					var att cluster.Attempt
-					var err error
-					for {
-						att, err = c.BeginAttempt(context.Background(), s.Locator)
-						if !errors.Is(err, cluster.ErrBusy) {
-							break
-						}
-						time.Sleep(time.Millisecond) // back off and try again, as a listener does while ErrBusy
-					}
+					att, err := beginWhileBusy(c, s.Locator)
 					if err != nil {
 						t.Error(err)
 						return
@@ -191,15 +183,7 @@ func TestWaveSignsOncePerJoin(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					c := cs[i%2]
-					var att cluster.Attempt
-					var err error
-					for {
-						att, err = c.BeginAttempt(context.Background(), s.Locator)
-						if !errors.Is(err, cluster.ErrBusy) {
-							break
-						}
-						time.Sleep(time.Millisecond)
-					}
+					att, err := beginWhileBusy(c, s.Locator)
 					if err != nil {
 						t.Error(err)
 						return
@@ -228,5 +212,17 @@ func TestWaveSignsOncePerJoin(t *testing.T) {
 				t.Fatalf("joined %d, %d nodes, %d certificates signed, %d node ids made; want %d each", joined.Load(), len(nodes), signed.Load(), ids.Load(), n)
 			}
 		})
+	}
+}
+
+// beginWhileBusy begins an attempt, backing off and trying again while
+// the secret's attempts are all in flight (ErrBusy), as a listener does.
+func beginWhileBusy(c *cluster.Cluster, locator string) (cluster.Attempt, error) {
+	for {
+		att, err := c.BeginAttempt(context.Background(), locator)
+		if !errors.Is(err, cluster.ErrBusy) {
+			return att, err
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
