@@ -217,9 +217,10 @@ func (l *Listener) chargeStart(ctx context.Context, src netip.Addr) (context.Con
 			return ctx, 0, false, ctx.Err()
 		case <-wait.C:
 			poll.Stop()
-			// The budget stays spent to the end of the window whatever the
-			// source is told, so honest holders are told to come back soon
-			// (their own starts may be refunded by then), not at the end.
+			// A slot frees only when a charge ages out of the window or
+			// is refunded, whatever the source is told, so honest holders
+			// are told to come back soon (their own starts may be refunded
+			// by then), not when the oldest charge ages out.
 			return ctx, min(max(after, time.Second), maxRetryAfter), false, nil
 		case <-woken:
 		case <-poll.C:
@@ -284,7 +285,7 @@ func (l *Listener) warnOverBudget(src netip.Addr) {
 	}
 	a.refundMu.Unlock()
 	if fresh {
-		l.logger.Warn("source over its budget of unproven join starts; its starts are refused JOIN_RATE_LIMITED until the window ends",
+		l.logger.Warn("source over its budget of unproven join starts; its starts are refused JOIN_RATE_LIMITED until its charges age out of the window",
 			"source", src.String(), "prefix", cluster.SourcePrefix(src).String(), "window", l.cfg.BudgetWindow.String())
 	}
 }

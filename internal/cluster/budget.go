@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/store"
@@ -14,9 +15,11 @@ import (
 // The per-source budgets of unproven starts are kept in the store
 // (budgetKey), so listeners that share a store share the budget.
 
-// Budget bounds the unproven starts one source may have counted per
-// window: an address, and the /24 (IPv4) or /64 (IPv6) it sits in. A
-// proven start gives its charge back, so only guesses use it up.
+// Budget bounds the unproven starts one source may have counted in any
+// window of Window: an address, and the /24 (IPv4) or /64 (IPv6) it sits
+// in. The window slides: each charge holds its slot for Window from the
+// moment it was made, so a sweep that straddles a boundary gets no second
+// budget. A proven start gives its charge back, so only guesses use it up.
 type Budget struct {
 	PerAddress int // 0: no limit on the address
 	PerPrefix  int // 0: no limit on the prefix
@@ -24,22 +27,30 @@ type Budget struct {
 }
 
 // DefaultBudget is the budget a listener applies unless told otherwise:
-// a sweep from one address reaches at most 8 codes per 10 minutes, one
+// a sweep from one address reaches at most 8 codes in any 10 minutes, one
 // from a /24 at most 32.
 var DefaultBudget = Budget{PerAddress: 8, PerPrefix: 32, Window: 10 * time.Minute}
 
 // Charge is one start charged to a source's budget; Refund gives it back.
 type Charge struct {
-	keys   []string
-	window int64
+	keys []string
+	at   int64 // unix nanoseconds of the charge
 }
 
 // Charged reports whether the charge holds anything to refund.
 func (ch Charge) Charged() bool { return len(ch.keys) > 0 }
 
+// budgetEntry is one source's charges still inside the window, oldest
+// first: at most its limit of them, so an entry stays small.
 type budgetEntry struct {
-	Window int64 `json:"window"` // unix seconds of the window's start
-	Used   int   `json:"used"`
+	Charges []int64 `json:"charges"` // unix nanoseconds
+}
+
+// live drops the charges made at or before cutoff and sorts the rest: listeners
+// sharing a store append with their own clocks.
+func (e *budgetEntry) live(cutoff int64) {
+	e.Charges = slices.DeleteFunc(e.Charges, func(at int64) bool { return at <= cutoff })
+	slices.Sort(e.Charges)
 }
 
 // SourcePrefix is the prefix a source's address is also charged to.
@@ -55,8 +66,9 @@ func SourcePrefix(a netip.Addr) netip.Prefix {
 
 // ChargeStart charges one start from src to the budget, before anything
 // about the start (its locator) is looked at. ok is false when the address
-// or its prefix has spent its budget in this window; retryAfter then says
-// when the window ends. Nothing is written for a refused start.
+// or its prefix has spent its budget in the last window; retryAfter then
+// says when its oldest charge frees a slot. Nothing is written for a
+// refused start.
 func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch Charge, ok bool, retryAfter time.Duration, err error) {
 	src = src.Unmap()
 	if b.Window <= 0 {
@@ -77,26 +89,27 @@ func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch
 		return Charge{}, true, 0, nil
 	}
 	err = c.update(ctx, func(tx *txn) error {
-		now := c.now()
-		start := now.Truncate(b.Window)
-		window := start.Unix()
-		ch, ok, retryAfter = Charge{window: window}, true, 0
+		now := c.now().UnixNano()
+		cutoff := now - int64(b.Window)
+		ch, ok, retryAfter = Charge{at: now}, true, 0
 		entries := make([]budgetEntry, len(slots))
 		for i, s := range slots {
 			if _, err := tx.getJSON(s.key, &entries[i]); err != nil {
 				return fmt.Errorf("read budget: %w", err)
 			}
-			if entries[i].Window != window {
-				entries[i] = budgetEntry{Window: window}
-			}
-			if entries[i].Used >= s.limit {
-				// nothing is written for a refused start
-				ch, ok, retryAfter = Charge{}, false, start.Add(b.Window).Sub(now)
-				return nil
+			entries[i].live(cutoff)
+			if n := len(entries[i].Charges); n >= s.limit {
+				// nothing is written for a refused start; a slot frees
+				// when the charge limit places from the newest ages out
+				frees := time.Duration(entries[i].Charges[n-s.limit] - cutoff)
+				ch, ok, retryAfter = Charge{}, false, max(retryAfter, frees)
 			}
 		}
+		if !ok {
+			return nil
+		}
 		for i, s := range slots {
-			entries[i].Used++
+			entries[i].Charges = append(entries[i].Charges, now)
 			tx.put(s.key, entries[i])
 			ch.keys = append(ch.keys, s.key)
 		}
@@ -108,7 +121,8 @@ func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch
 	return ch, ok, retryAfter, nil
 }
 
-// Refund gives a proven start's charge back, if its window still runs.
+// Refund gives a proven start's charge back, if it is still inside the
+// window (an older one has freed its slot already).
 func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
 	if !ch.Charged() {
 		return nil
@@ -120,10 +134,14 @@ func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
 			if err != nil {
 				return fmt.Errorf("read budget: %w", err)
 			}
-			if !found || e.Window != ch.window || e.Used == 0 {
+			if !found {
 				continue
 			}
-			e.Used--
+			i := slices.Index(e.Charges, ch.at)
+			if i < 0 {
+				continue
+			}
+			e.Charges = slices.Delete(e.Charges, i, i+1)
 			tx.put(key, e)
 		}
 		return nil
@@ -134,9 +152,9 @@ func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
 	return nil
 }
 
-// SweepBudgets deletes budget entries whose window ended before now-w, so
-// that sources seen once do not stay in the store. It deletes at most a
-// few hundred per call.
+// SweepBudgets deletes budget entries with no charge left inside the
+// window w, so that sources seen once do not stay in the store. It deletes
+// at most a few hundred per call.
 func (c *Cluster) SweepBudgets(ctx context.Context, w time.Duration) error {
 	if w <= 0 {
 		w = DefaultBudget.Window
@@ -145,11 +163,15 @@ func (c *Cluster) SweepBudgets(ctx context.Context, w time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("list budgets: %w", err)
 	}
-	cutoff := c.now().Add(-2 * w).Unix()
+	cutoff := c.now().Add(-w).UnixNano()
 	var errs []error
 	for _, kv := range kvs {
 		var e budgetEntry
-		if err := json.Unmarshal(kv.Value, &e); err != nil || e.Window < cutoff {
+		err := json.Unmarshal(kv.Value, &e)
+		if err == nil {
+			e.live(cutoff)
+		}
+		if err != nil || len(e.Charges) == 0 {
 			if _, err := c.store.Txn(ctx, []store.Cmp{{Key: kv.Key, Rev: kv.Rev}}, []store.Op{{Key: kv.Key, Delete: true}}); err != nil {
 				errs = append(errs, err)
 			}

@@ -77,35 +77,43 @@ func TestBudgetHoldsAcrossListeners(t *testing.T) {
 	}
 }
 
-// TestBudgetWindowEnds: a spent budget is whole again in the next window,
-// and a refund from the last window does not add to the new one.
-func TestBudgetWindowEnds(t *testing.T) {
+// TestBudgetWindowSlides: the window slides with each charge, so a sweep
+// that straddles a clock boundary gets no second budget; a slot comes back
+// when its charge ages out, retryAfter says when, and a refund of a charge
+// that aged out adds nothing.
+func TestBudgetWindowSlides(t *testing.T) {
 	s := boltStore(t)
-	clock := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	clock := time.Date(2026, 1, 1, 10, 9, 59, 0, time.UTC)
 	c := cluster.New(cluster.Config{Store: s, Now: func() time.Time { return clock }})
 	ctx := context.Background()
 	b := cluster.Budget{PerAddress: 2, Window: 10 * time.Minute}
 	src := netip.MustParseAddr("2001:db8::1")
-	var first cluster.Charge
-	for i := range 3 {
-		ch, allowed, _, err := c.ChargeStart(ctx, src, b)
-		if err != nil || allowed != (i < 2) {
-			t.Fatalf("start %d: %v %v", i, allowed, err)
+	charge := func(want bool) (cluster.Charge, time.Duration) {
+		t.Helper()
+		ch, allowed, after, err := c.ChargeStart(ctx, src, b)
+		if err != nil || allowed != want {
+			t.Fatalf("at %s: allowed %v, want %v (err %v)", clock.Format(time.TimeOnly), allowed, want, err)
 		}
-		if i == 0 {
-			first = ch
-		}
+		return ch, after
 	}
-	clock = clock.Add(10 * time.Minute)
+	first, _ := charge(true)
+	clock = clock.Add(2 * time.Second) // 10:10:01, past a 10-minute boundary
+	charge(true)
+	if _, after := charge(false); after != 10*time.Minute-2*time.Second {
+		t.Fatalf("retryAfter %s, want the first charge's age-out in 9m58s", after)
+	}
+	clock = clock.Add(10*time.Minute - 2*time.Second) // the first charge ages out
 	if err := c.Refund(ctx, first); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
-		_, allowed, _, err := c.ChargeStart(ctx, src, b)
-		if err != nil || allowed != (i < 2) {
-			t.Fatalf("next window, start %d: %v %v", i, allowed, err)
-		}
+	charge(true)
+	if _, after := charge(false); after != 2*time.Second {
+		t.Fatalf("retryAfter %s, want 2s", after)
 	}
+	clock = clock.Add(10 * time.Minute)
+	charge(true)
+	charge(true)
+	charge(false)
 	if got := cluster.SourcePrefix(netip.MustParseAddr("2001:db8::1:2:3:4")).String(); got != "2001:db8::/64" {
 		t.Fatalf("prefix %s", got)
 	}
