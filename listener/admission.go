@@ -183,10 +183,14 @@ func (l *Listener) slot(alpn string) (release func(), ok bool) {
 type chargeKey struct{}
 
 // startCharge is the budget charge of the join running on a connection;
-// Join refunds it once the start is proven.
+// once the start is proven, Join's first Prove gives it back in the
+// transaction that records the join, or refundProven does on the paths
+// that end before one commits.
 type startCharge struct {
-	once sync.Once
-	ch   cluster.Charge
+	once  sync.Once
+	ch    cluster.Charge
+	mu    sync.Mutex
+	given bool // by a Prove that committed it
 }
 
 // chargeStart charges a join start to its source before the Hello is
@@ -239,27 +243,68 @@ func (l *Listener) refundSignal() <-chan struct{} {
 	return a.refunded
 }
 
-// refundProven gives a proven start's budget charge back (once).
+// refundProven gives a proven start's budget charge back (once), in a
+// transaction of its own: for the proven starts that end before Prove
+// commits (a bad CSR, a failed attestation, a store error).
 func (l *Listener) refundProven(ctx context.Context) {
 	sc, _ := ctx.Value(chargeKey{}).(*startCharge)
 	if sc == nil {
 		return
 	}
 	sc.once.Do(func() {
+		sc.mu.Lock()
+		sc.given = true
+		sc.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := l.cluster.Refund(rctx, sc.ch); err != nil {
 			l.logger.Warn("refund start budget", "err", err)
 			return
 		}
-		a := &l.adm
-		a.refundMu.Lock()
-		if a.refunded != nil {
-			close(a.refunded)
-			a.refunded = nil
-		}
-		a.refundMu.Unlock()
+		l.refundedOne()
 	})
+}
+
+// budgetCharge is the start's charge for Prove to give back in its own
+// transaction; zero once it has been given back.
+func budgetCharge(ctx context.Context) cluster.Charge {
+	sc, _ := ctx.Value(chargeKey{}).(*startCharge)
+	if sc == nil {
+		return cluster.Charge{}
+	}
+	var ch cluster.Charge
+	sc.mu.Lock()
+	if !sc.given {
+		ch = sc.ch
+	}
+	sc.mu.Unlock()
+	return ch
+}
+
+// refundedByProve records that a Prove carrying the start's charge
+// committed: the charge is back, and refundProven has nothing left to do.
+func (l *Listener) refundedByProve(ctx context.Context) {
+	sc, _ := ctx.Value(chargeKey{}).(*startCharge)
+	if sc == nil {
+		return
+	}
+	sc.once.Do(func() {
+		sc.mu.Lock()
+		sc.given = true
+		sc.mu.Unlock()
+		l.refundedOne()
+	})
+}
+
+// refundedOne wakes the starts waiting for a refund.
+func (l *Listener) refundedOne() {
+	a := &l.adm
+	a.refundMu.Lock()
+	if a.refunded != nil {
+		close(a.refunded)
+		a.refunded = nil
+	}
+	a.refundMu.Unlock()
 }
 
 // warnOverBudget logs a source over its budget once per window, so an

@@ -128,7 +128,9 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return wire.CloseNotProof, err
 	}
 	str.SetReadDeadline(time.Time{})
-	l.refundProven(ctx) // a proven start gives its source's budget back
+	// A proven start gives its source's budget back: in the first Prove
+	// that commits, or here on the way out if none does.
+	defer l.refundProven(ctx)
 
 	// Parsed and checked once here; the issuer signs for the same value.
 	// Only the holder of the CSR's key may make, resume or replace a join
@@ -178,8 +180,12 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	announced := false
 	for {
 		t0 := time.Now()
+		req.Budget = budgetCharge(ctx)
 		out, err := l.cluster.Prove(ctx, req)
 		l.metrics.storeOp("prove", t0, err)
+		if err == nil && req.Budget.Charged() {
+			l.refundedByProve(ctx)
+		}
 		rep.phase("prove")
 		if req.Attempt.Counted {
 			l.leaseQueue.release(req.Attempt.Secret.ID) // proven or not, its lease is gone

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/store/boltstore"
@@ -56,5 +57,43 @@ func TestUnknownWriteOutcomeSpendsTheAttempt(t *testing.T) {
 	c, _ := l.Admin.Code(context.Background(), code.ID)
 	if c.FailedAttempts != 1 {
 		t.Fatalf("failedAttempts %d after a count of unknown outcome, want 1", c.FailedAttempts)
+	}
+}
+
+// countedWrites wraps a real store and counts the transactions that write.
+type countedWrites struct {
+	store.Store
+	writes atomic.Int32
+}
+
+func (s *countedWrites) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool, error) {
+	ok, err := s.Store.Txn(ctx, cmps, ops)
+	if len(ops) > 0 && ok && err == nil {
+		s.writes.Add(1)
+	}
+	return ok, err
+}
+
+// TestProvenJoinGivesItsChargeBackInProve: with the default budget of
+// unproven starts, a proven join commits three times (the charge, the
+// count, the join with the charge given back), and its source's budget
+// is whole again after more joins than it holds.
+func TestProvenJoinGivesItsChargeBackInProve(t *testing.T) {
+	bolt, err := boltstore.Open(filepath.Join(t.TempDir(), "state.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	s := &countedWrites{Store: bolt}
+	l := listenertest.Start(t, listenertest.Options{Init: listener.InitConfig{Store: s}, Config: listener.Config{Store: s, UnprovenPerSource: 2, BudgetWait: time.Millisecond}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(0)})
+	for i := range 5 {
+		before := s.writes.Load()
+		if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+			t.Fatalf("join %d with a budget of 2: %v", i, err)
+		}
+		if n := s.writes.Load() - before; n != 3 {
+			t.Fatalf("join %d made %d committed writes, want 3 (charge, count, join and refund)", i, n)
+		}
 	}
 }

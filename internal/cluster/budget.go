@@ -122,32 +122,35 @@ func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch
 }
 
 // Refund gives a proven start's charge back, if it is still inside the
-// window (an older one has freed its slot already).
+// window (an older one has freed its slot already). Prove does the same in
+// its own transaction when its request carries the charge.
 func (c *Cluster) Refund(ctx context.Context, ch Charge) error {
 	if !ch.Charged() {
 		return nil
 	}
-	err := c.update(ctx, func(tx *txn) error {
-		for _, key := range ch.keys {
-			var e budgetEntry
-			found, err := tx.getJSON(key, &e)
-			if err != nil {
-				return fmt.Errorf("read budget: %w", err)
-			}
-			if !found {
-				continue
-			}
-			i := slices.Index(e.Charges, ch.at)
-			if i < 0 {
-				continue
-			}
-			e.Charges = slices.Delete(e.Charges, i, i+1)
-			tx.put(key, e)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := c.update(ctx, func(tx *txn) error { return refundIn(tx, ch) }); err != nil {
 		return fmt.Errorf("refund budget: %w", err)
+	}
+	return nil
+}
+
+// refundIn takes ch's charges out of their budget entries within tx.
+func refundIn(tx *txn, ch Charge) error {
+	for _, key := range ch.keys {
+		var e budgetEntry
+		found, err := tx.getJSON(key, &e)
+		if err != nil {
+			return fmt.Errorf("read budget: %w", err)
+		}
+		if !found {
+			continue
+		}
+		i := slices.Index(e.Charges, ch.at)
+		if i < 0 {
+			continue
+		}
+		e.Charges = slices.Delete(e.Charges, i, i+1)
+		tx.put(key, e)
 	}
 	return nil
 }

@@ -279,6 +279,10 @@ type ProveRequest struct {
 	// the join is refused with JOIN_TPM_REQUIRED in the transaction, so
 	// the attempt is un-counted and no use is spent.
 	TPMRefusal string
+	// Budget is the start's charge to its source's budget of unproven
+	// starts: the start is proven, so the transaction that records its
+	// join gives the charge back too, rather than a commit of its own.
+	Budget Charge
 }
 
 // Outcome is what a proven join leads to.
@@ -311,6 +315,9 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 	req.Issue = memoIssue(req.Issue)
 	var out Outcome
 	err := c.update(ctx, func(tx *txn) error {
+		if err := refundIn(tx, req.Budget); err != nil {
+			return err
+		}
 		var s Secret
 		found, err := tx.getJSON(secretKey(id), &s)
 		if err != nil {
