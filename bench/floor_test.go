@@ -64,15 +64,32 @@ func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
 // record has no KSF, the KE3 is checked, and the issued certificate is
 // appended to a file in STRATUM_BENCH_FLOOR_DIR and fdatasynced before the
 // Result: the one durable write a join must make on the server's side.
+// The durable mode (STRATUM_BENCH_FLOOR=durable) is the default floor plus
+// the two durable writes this design makes per join, each an append and
+// an fdatasync: the count before the KE2 leaves, and the record before the
+// Result.
 func runFloorServer() int {
-	oneShot := os.Getenv("STRATUM_BENCH_FLOOR") == "oneshot"
+	mode := os.Getenv("STRATUM_BENCH_FLOOR")
+	oneShot, durable := mode == "oneshot", mode == "durable"
 	ksf := pake.LightestKSF
 	var journal *os.File
 	var journalMu sync.Mutex
-	if oneShot {
+	appendSync := func(b []byte) error {
+		journalMu.Lock()
+		defer journalMu.Unlock()
+		if _, err := journal.Write(b); err != nil {
+			return err
+		}
+		return syscall.Fdatasync(int(journal.Fd()))
+	}
+	if oneShot || durable {
 		ksf = pake.NoKSF
 		var err error
-		if journal, err = os.OpenFile(filepath.Join(os.Getenv("STRATUM_BENCH_FLOOR_DIR"), "floor.journal"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+		dir := os.Getenv("STRATUM_BENCH_FLOOR_DIR")
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		if journal, err = os.OpenFile(filepath.Join(dir, fmt.Sprintf("floor-%d.journal", os.Getpid())), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -123,6 +140,9 @@ func runFloorServer() int {
 			if err != nil {
 				return
 			}
+			if durable && appendSync([]byte(hello.Locator)) != nil {
+				return
+			}
 			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: k.ksf}) != nil {
 				return
 			}
@@ -143,13 +163,7 @@ func runFloorServer() int {
 				return
 			}
 			if journal != nil {
-				journalMu.Lock()
-				_, err = journal.Write(der)
-				if err == nil {
-					err = syscall.Fdatasync(int(journal.Fd()))
-				}
-				journalMu.Unlock()
-				if err != nil {
+				if appendSync(der) != nil {
 					return
 				}
 			}

@@ -59,16 +59,19 @@ type herdResult struct {
 	peakRSS, endRSS, settled int           // KiB
 	settledAfter             time.Duration
 	anon, file               int // KiB of the settled RSS: heap and such, and mapped files (the store)
+	peakAnon, peakFile       int // KiB: the largest RssAnon and RssFile sampled during the herd
+	floorCPU                 time.Duration // the floor server's CPU per exchange, in a wave measured after the herd
+	storeBytes               int64
 	firstFailures            []string
 	causes                   map[string]int // transient failures by kind
 }
 
 func (r herdResult) String() string {
-	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join; agent CPU per join %s in-process, %s per process; listener RSS peak %d KiB, %d KiB right after, %d KiB %s later",
+	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join (floor %s per exchange in a wave after it); agent CPU per join %s in-process, %s per process; listener RSS peak %d KiB, %d KiB right after, %d KiB %s later",
 		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
 		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
-		ms(r.listenerCPU/time.Duration(max(1, r.n))), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.procCPU/time.Duration(max(1, r.procs))),
-		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB the store's mapped file); retried on %v", r.anon, r.file, r.causes)
+		ms(r.listenerCPU/time.Duration(max(1, r.n))), ms(r.floorCPU), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.procCPU/time.Duration(max(1, r.procs))),
+		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB the store's mapped file); at the peak at most %d KiB anonymous and %d KiB mapped; store file %d KiB; retried on %v", r.anon, r.file, r.peakAnon, r.peakFile, r.storeBytes/1024, r.causes)
 }
 
 // rusage returns the user+system CPU of who (RUSAGE_SELF, RUSAGE_CHILDREN).
@@ -222,6 +225,13 @@ func herdSpread(rs []herdResult) string {
 		fig("p50 s", func(r herdResult) float64 { return percentile(r.lat, .5).Seconds() }, "%.2f"),
 		fig("p99 s", func(r herdResult) float64 { return percentile(r.lat, .99).Seconds() }, "%.2f"),
 		fig("listener CPU ms/join", func(r herdResult) float64 { return float64(r.listenerCPU) / 1e6 / float64(r.n) }, "%.2f"),
+		fig("floor CPU ms/exchange (same run)", func(r herdResult) float64 { return float64(r.floorCPU) / 1e6 }, "%.2f"),
+		fig("listener CPU / floor", func(r herdResult) float64 {
+			if r.floorCPU == 0 {
+				return 0
+			}
+			return float64(r.listenerCPU) / float64(r.n) / float64(r.floorCPU)
+		}, "%.2fx"),
 		fig("agent CPU ms/join in-process", func(r herdResult) float64 {
 			return float64(r.inProcCPU) / 1e6 / float64(max(1, r.n-r.procs))
 		}, "%.2f"),
@@ -249,8 +259,13 @@ func herdTokens(b *testing.B, n, procs int) herdResult {
 	if r.failed != 0 {
 		b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
 	}
+	// the floor in the same run: the bare server's CPU per exchange in a
+	// wave as wide as the listener's bound on handshakes at once
+	r.floorCPU = floorCPU(b, herdFloorExchanges, herdFloorWidth)
 	return r
 }
+
+const herdFloorExchanges, herdFloorWidth = 3000, 512
 
 // herdCodes is one herd of m machines sharing join codes of perCode uses
 // (a rack each), procs of them real processes. Unless autoApprove, every
@@ -328,6 +343,8 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		retries  atomic.Int64
 		mu       sync.Mutex
 		peakRSS  atomic.Int64
+		peakAnon atomic.Int64
+		peakFile atomic.Int64
 		stopPoll = make(chan struct{})
 	)
 	go func() {
@@ -338,6 +355,9 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 			case <-time.After(200 * time.Millisecond):
 				_, peak := rss(pid)
 				peakRSS.Store(int64(peak))
+				anon, file := rssParts(pid)
+				peakAnon.Store(max(peakAnon.Load(), int64(anon)))
+				peakFile.Store(max(peakFile.Load(), int64(file)))
 			}
 		}
 	}()
@@ -414,6 +434,10 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	}
 	r.settledAfter = settledAt.Sub(start) - r.elapsed
 	r.anon, r.file = rssParts(pid)
+	r.peakAnon, r.peakFile = int(peakAnon.Load()), int(peakFile.Load())
+	if fi, err := os.Stat(filepath.Join(p.data, "state.db")); err == nil {
+		r.storeBytes = fi.Size()
+	}
 	r.failed, r.retries = failed.Load(), retries.Load()
 	return r
 }
