@@ -58,8 +58,8 @@ type herdResult struct {
 	inProcCPU, procCPU       time.Duration // the agents' CPU, by kind
 	peakRSS, endRSS, settled int           // KiB
 	settledAfter             time.Duration
-	anon, file               int // KiB of the settled RSS: heap and such, and mapped files (the store)
-	peakAnon, peakFile       int // KiB: the largest RssAnon and RssFile sampled during the herd
+	anon, file               int           // KiB of the settled RSS: heap and such, and mapped files (the store)
+	peakAnon, peakFile       int           // KiB: the largest RssAnon and RssFile sampled during the herd
 	floorCPU                 time.Duration // the floor server's CPU per exchange, in a wave measured after the herd
 	storeBytes               int64
 	firstFailures            []string
