@@ -175,17 +175,15 @@ func BenchmarkJoinFigures(b *testing.B) {
 	// every agent here comes from 127.0.0.1, so above 20 joins/s each
 	// one answers a Retry; a fleet's agents have addresses of their own
 	noRetry := []string{"--retry-above", "100000"}
-	// the floor: handshake + KE2 + one signature in a bare server process
-	// (testing keeps ten lines of a benchmark's log: one line a case)
-	seq := floorCPU(b, n, 1)
-	par := floorCPU(b, wave, width)
-	b.Logf("floor (QUIC server handshake + OPAQUE KE2 + one signature): %s CPU per exchange sequential, %s in a wave of %d at once", ms(seq), ms(par), width)
-	// beside it, the floor plus the two durable writes this design makes
-	// per join (the count before the KE2, the record before the Result),
-	// on the disk the listener's store uses
-	durable := []string{"STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_DIR=" + b.TempDir()}
-	seqDurable, parDurable := floorCPU(b, n, 1, durable...), floorCPU(b, wave, width, durable...)
-	b.Logf("floor with two durable writes (append + fdatasync) per exchange: %s CPU sequential, %s in a wave of %d", ms(seqDurable), ms(parDurable), width)
+	// The floor: handshake + KE2 + one signature in a bare server process,
+	// and beside it the same plus the two durable writes this design makes
+	// per join (the count before the KE2, the record before the Result) on
+	// the disk the listener's store uses. Each case runs in blocks
+	// interleaved with blocks of both floors, so a machine whose speed
+	// drifts during the run moves the case and its floors together.
+	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
+	durable, durableAddr := startFloor(b, "STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_DIR="+b.TempDir())
+	const blocks = 4
 	for _, tc := range []struct {
 		name  string
 		token bool
@@ -215,21 +213,33 @@ func BenchmarkJoinFigures(b *testing.B) {
 		} else {
 			secret = p.mint(b, "--max-uses", "0", "--ttl", "1h")
 		}
-		count, floor, floorDurable := n, seq, seqDurable
+		count := n
 		if tc.width > 1 {
-			count, floor, floorDurable = wave, par, parDurable
+			count = wave
 		}
-		lat, used := joins(b, p, secret, count, tc.width)
+		var lat []time.Duration
+		var used, floorUsed, durableUsed time.Duration
+		var blockRatios []float64
+		for range blocks {
+			f := floorCPUAt(b, floor, floorAddr, count/blocks, tc.width)
+			d := floorCPUAt(b, durable, durableAddr, count/blocks, tc.width)
+			l, u := joins(b, p, secret, count/blocks, tc.width)
+			lat, used = append(lat, l...), used+u
+			floorUsed, durableUsed = floorUsed+f, durableUsed+d
+			blockRatios = append(blockRatios, float64(u)/float64(count/blocks)/float64(f))
+		}
+		sort.Float64s(blockRatios)
 		per := used / time.Duration(count)
-		ratio, ratioDurable := float64(per)/float64(floor), float64(per)/float64(floorDurable)
+		floorPer, durablePer := floorUsed/blocks, durableUsed/blocks
+		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its durable writes %s, %.2fx it",
+			ms(per), ms(floorPer), float64(per)/float64(floorPer), blockRatios[0], blockRatios[len(blockRatios)-1], ms(durablePer), float64(per)/float64(durablePer))
 		if tc.token {
-			b.Logf("%s: %d joins: p50 %s, p99 %s; listener CPU %s per join, %.2fx the floor, %.2fx the floor with its durable writes",
-				tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), ms(per), ratio, ratioDurable)
+			b.Logf("%s: %d joins: p50 %s, p99 %s; %s", tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), figures)
 			continue
 		}
 		ksf := ksfTime(b, tc.ksf)
-		b.Logf("%s: %d joins: p50 %s, p99 %s; client KSF alone %s, so p50 without it %s; listener CPU %s per join, %.2fx the floor, %.2fx the floor with its durable writes",
-			tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), ms(ksf), ms(percentile(lat, .5)-ksf), ms(per), ratio, ratioDurable)
+		b.Logf("%s: %d joins: p50 %s, p99 %s; client KSF alone %s, so p50 without it %s; %s",
+			tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), ms(ksf), ms(percentile(lat, .5)-ksf), figures)
 	}
 }
 
