@@ -181,6 +181,26 @@ func gf32Mul(a, b byte) byte {
 	return p & 31
 }
 
+var (
+	tokenLocatorRE = regexp.MustCompile(`^jt_[0-9a-hjkmnp-tv-z]{26,52}$`)
+	keyLocatorRE   = regexp.MustCompile(`^dnjoin-[A-Z2-7]{26}$`)
+)
+
+// LocatorKind says which form of secret a locator belongs to by its shape
+// alone, so the listener can treat every locator of one shape alike
+// whether or not a secret has it; 0 for a locator of no form.
+func LocatorKind(locator string) Kind {
+	switch {
+	case ValidSelector(locator):
+		return KindCode
+	case tokenLocatorRE.MatchString(locator):
+		return KindToken
+	case keyLocatorRE.MatchString(locator):
+		return KindKey
+	}
+	return 0
+}
+
 // ValidSelector reports whether s is a two-symbol canonical selector.
 func ValidSelector(s string) bool {
 	return len(s) == SelectorLen && strings.IndexByte(Crockford, s[0]) >= 0 && strings.IndexByte(Crockford, s[1]) >= 0

@@ -122,3 +122,38 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// Every locator a parsed secret carries has its kind's shape, and nothing
+// else does: the listener decides by the shape how a start is counted.
+func TestLocatorKind(t *testing.T) {
+	code, err := NewCode("4F")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := NewToken("jt_" + strings.Repeat("a", 26))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid, err := NewKeyID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := NewKey(kid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []Secret{code, tok, key} {
+		parsed, err := Parse(s.Display())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := LocatorKind(parsed.Locator); got != s.Kind {
+			t.Errorf("LocatorKind(%q) = %v, want %v", parsed.Locator, got, s.Kind)
+		}
+	}
+	for _, loc := range []string{"", "4", "4F7", "4f", "jt_", "jt_" + strings.Repeat("a", 25), "jt_" + strings.Repeat("A", 26), "dnjoin-" + strings.Repeat("A", 25), "dnjoin-" + strings.Repeat("a", 26), "bcjt_jt_" + strings.Repeat("a", 26)} {
+		if got := LocatorKind(loc); got != 0 {
+			t.Errorf("LocatorKind(%q) = %v, want none", loc, got)
+		}
+	}
+}
