@@ -193,10 +193,37 @@ type startCharge struct {
 	given bool // by a Prove that committed it
 }
 
-// chargeStart charges a join start to its source before the Hello is
-// read, so the answer to a start over budget cannot depend on its
-// locator. Over budget it waits a while for a refund; then ok is false
-// with how long the source should wait.
+type sourceKey struct{}
+
+// withSource names the address a join connection comes from, for the
+// budget of unproven starts.
+func withSource(ctx context.Context, src netip.Addr) context.Context {
+	return context.WithValue(ctx, sourceKey{}, src)
+}
+
+// admitStart charges a join start whose Hello names a locator of a shape
+// that burns (a join code's, or none) to its source, before the locator
+// is looked up, so the answer to a start over budget depends on the
+// shape its sender chose and never on whether a secret has it. A token's
+// or key's start is not charged: nothing burns them, and nothing is
+// written for them before the KE2 (cluster.CountsBeforeKE2). Past the
+// budget it returns the refusal to answer in place of the Challenge.
+func (l *Listener) admitStart(ctx context.Context, locator string) (context.Context, *wire.Result, error) {
+	src, ok := ctx.Value(sourceKey{}).(netip.Addr)
+	if !ok || !cluster.CountsBeforeKE2(locator) {
+		return ctx, nil, nil
+	}
+	ctx, after, ok, err := l.chargeStart(ctx, src)
+	if err != nil || ok {
+		return ctx, nil, err
+	}
+	l.warnOverBudget(src)
+	return ctx, rateLimitedResult(after), nil
+}
+
+// chargeStart charges a join start to its source. Over budget it waits a
+// while for a refund; then ok is false with how long the source should
+// wait.
 func (l *Listener) chargeStart(ctx context.Context, src netip.Addr) (context.Context, time.Duration, bool, error) {
 	if l.cfg.UnprovenPerSource < 0 {
 		return ctx, 0, true, nil
@@ -337,12 +364,12 @@ func (l *Listener) warnOverBudget(src netip.Addr) {
 
 // rateLimited answers a start over its source's budget: before any KE2,
 // and the same whatever locator the Hello names.
-func rateLimited(str Stream, after time.Duration) error {
+func rateLimitedResult(after time.Duration) *wire.Result {
 	secs := int64((after + time.Second - 1) / time.Second)
-	return wire.Write(str, &wire.Result{
+	return &wire.Result{
 		Status: wire.StatusRefused, Code: wire.CodeRateLimited, RetryAfter: secs,
 		Message: "too many unproven join attempts from this address; try again later",
-	})
+	}
 }
 
 // sweepBudgets drops the budget entries of sources not seen for a while.

@@ -50,10 +50,23 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return wire.CloseProtocol, fmt.Errorf("read hello: %w", err)
 	}
 	rep.phase("hello")
+	ctx, refusal, err := l.admitStart(ctx, hello.Locator)
+	if err != nil {
+		// The budget could not be read or written: no Challenge leaves,
+		// and the agent is told the store failed, which says nothing
+		// about the code.
+		l.logger.Warn("charge start", "remote", rep.remote, "err", err)
+		return wire.CloseDone, errors.Join(fmt.Errorf("charge start: %w", err), rep.write(str, l.unavailable(err)))
+	}
+	if refusal != nil {
+		return wire.CloseDone, rep.write(str, refusal)
+	}
 
-	// Unknown and inactive locators cost one durable write too (see
-	// cluster.standIn), so the Challenge's timing does not tell them apart.
-	// the guess a KE1 asks, so a repeated one resumes its counted attempt
+	// A code's unknown and inactive locators cost one durable write too
+	// (see cluster.standIn), and no path of a token's or key's shape
+	// writes (cluster.CountsBeforeKE2), so the Challenge's timing does not
+	// tell the paths of one shape apart. The guess a KE1 asks lets a
+	// repeated one resume its counted attempt.
 	ke1 := pake.ParseKE1(hello.KE1) // decoded once, for the guess and the KE2
 	guess := ke1.Guess()
 	t0 := time.Now()
@@ -76,7 +89,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	chains := l.chainsFP
 	l.mu.RUnlock()
 	var record []byte
-	fp, ksf := currentFP, l.settings.KSF
+	fp, ksf := currentFP, l.ksfFor(cluster.CountsBeforeKE2(hello.Locator))
 	if att.Secret != nil {
 		record, fp, ksf = att.Secret.Record, att.Secret.CAFingerprint, att.Secret.KSF
 	}

@@ -503,3 +503,35 @@ func TestMaxConnectionsRefusesBeyondTheBound(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // polling for the join above
 	}
 }
+
+// TestUnknownTokenLooksLive: a Hello naming a token locator no token has
+// gets a Challenge of a live token's size and key stretching (none), not
+// a join code's: the KSF field would tell a guesser the token is unknown.
+func TestUnknownTokenLooksLive(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	id := "jt_" + strings.Repeat("a", 26)
+	exp := time.Now().Add(time.Hour)
+	_, live, err := l.Mint(context.Background(), cluster.SecretSpec{
+		Secret:    cluster.Secret{ID: id, Kind: cluster.KindToken, Tenant: "default", Pool: "default", Role: cluster.RoleNode, Trust: cluster.TrustPlatform, MaxUses: 1, ExpiresAt: &exp},
+		EventType: cluster.EventTokenCreated,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown, err := joincode.NewToken("jt_" + strings.Repeat("b", 26))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, err := rawJoin{Secret: live, StopAfterChallenge: true}.run(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rawJoin{Secret: unknown, StopAfterChallenge: true}.run(ctx, l.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.ChallengeSize != b.ChallengeSize || a.Challenge.KSF != b.Challenge.KSF || !a.Challenge.KSF.None() {
+		t.Fatalf("live token: %d bytes, KSF %+v; unknown token locator: %d bytes, KSF %+v", a.ChallengeSize, a.Challenge.KSF, b.ChallengeSize, b.Challenge.KSF)
+	}
+}

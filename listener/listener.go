@@ -702,25 +702,9 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 	if err != nil {
 		return wire.CloseInternal
 	}
-	ctx, after, ok, err := l.chargeStart(ctx, sourceAddr(conn.RemoteAddr()))
-	if err != nil {
-		// The budget could not be read or written: no Challenge leaves,
-		// and the agent is told the store failed, which says nothing
-		// about the code.
-		l.logger.Warn("charge start", "remote", conn.RemoteAddr().String(), "err", err)
-		if err := wire.Write(str, l.unavailable(err)); err != nil {
-			return wire.CloseProtocol
-		}
-		return wire.CloseDone
-	}
-	if !ok {
-		l.warnOverBudget(sourceAddr(conn.RemoteAddr()))
-		l.metrics.refusals.WithLabelValues(wire.CodeRateLimited).Inc()
-		if err := rateLimited(str, after); err != nil {
-			return wire.CloseProtocol
-		}
-		return wire.CloseDone
-	}
+	// the start is charged to its source once its Hello names a locator of
+	// a shape that burns (Join, admitStart)
+	ctx = withSource(ctx, sourceAddr(conn.RemoteAddr()))
 	code, err := l.Join(ctx, str, exporter)
 	if err != nil {
 		l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)

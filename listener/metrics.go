@@ -215,6 +215,8 @@ func (r *joinReport) end(code wire.CloseCode, err error) {
 	}
 	m.joins.WithLabelValues(r.outcome, r.kind).Inc()
 	switch {
+	case r.outcome == outcomeRefused && r.code == wire.CodeRateLimited:
+		// logged once per source and window (warnOverBudget)
 	case r.outcome == outcomeRefused:
 		r.l.logger.Info("join refused", "code", r.code, "kind", r.kind, "remote", r.remote)
 	case r.outcome == outcomeError:

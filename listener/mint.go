@@ -27,12 +27,10 @@ func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.
 	// bits need Argon2id against whoever holds the store and the keys; a
 	// token's or key's 128 bits and more need none. The parameters stay in
 	// the record, so a secret minted under others keeps working.
-	ksf := pake.NoKSF
+	spec.Secret.KSF = l.ksfFor(spec.Secret.Kind == cluster.KindCode)
 	if spec.Secret.Kind == cluster.KindCode {
-		ksf = l.settings.KSF
 		defer l.returnKSFMemory()
 	}
-	spec.Secret.KSF = ksf
 	if spec.Secret.Endpoint == "" {
 		spec.Secret.Endpoint = l.Endpoint()
 		eps, err := l.Endpoints(ctx)
@@ -58,7 +56,7 @@ func (l *Listener) Mint(ctx context.Context, spec cluster.SecretSpec) (*cluster.
 		if err != nil {
 			return sec, nil, err
 		}
-		rec, err := l.opaque.Mint(sec.Locator, sec.Password(), rootFP[:], ksf)
+		rec, err := l.opaque.Mint(sec.Locator, sec.Password(), rootFP[:], spec.Secret.KSF)
 		return sec, rec, err
 	}
 	return l.cluster.Mint(ctx, spec)
@@ -134,3 +132,13 @@ func (l *Listener) SetEndpoint(ep string) {
 
 // TrustDomain is the cluster's SPIFFE trust domain.
 func (l *Listener) TrustDomain() string { return l.settings.TrustDomain }
+
+// ksfFor is the key stretching a new secret gets: a join code's (code),
+// or a token's or key's (none). An unknown locator's Challenge names the
+// one its shape would have, so its size tells nothing.
+func (l *Listener) ksfFor(code bool) pake.KSFParams {
+	if code {
+		return l.settings.KSF
+	}
+	return pake.NoKSF
+}

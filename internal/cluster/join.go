@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
@@ -31,6 +32,22 @@ type Attempt struct {
 	Guess   string
 	// Burned: this start took the secret past MaxUnproven and burned it.
 	Burned bool
+	// Deferred: a token's or key's start, which nothing burns, so nothing
+	// was written before its KE2; it is counted when it ends unproven
+	// (Abandon, Orphan) and costs nothing when it proves.
+	Deferred bool
+}
+
+// CountsBeforeKE2 reports whether a start naming locator is counted, and so
+// written, before its KE2 leaves: a join code's (its 11th unproven start
+// burns it) and any locator of no secret's shape. A token's or key's start
+// is not: nothing burns them, and an uncounted KE2 is a free guess only at
+// a secret nobody can guess. The answer depends on the locator's shape
+// alone, never on whether a secret has it, so the paths of one shape (live,
+// inactive, unknown) cost the same.
+func CountsBeforeKE2(locator string) bool {
+	k := joincode.LocatorKind(locator)
+	return k != joincode.KindToken && k != joincode.KindKey
 }
 
 // LeaseTime bounds how long a counted attempt may stay in flight before
@@ -69,6 +86,14 @@ type BeginRequest struct {
 
 // Begin is BeginAttempt with the agent's commitment and guess.
 func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) {
+	if !CountsBeforeKE2(req.Locator) {
+		return c.beginDeferred(ctx, req)
+	}
+	return c.beginCounted(ctx, req)
+}
+
+// beginCounted counts a start in one durable transaction (see Begin).
+func (c *Cluster) beginCounted(ctx context.Context, req BeginRequest) (Attempt, error) {
 	locator, commit := req.Locator, req.Commit
 	defer c.locks.lock(ctx, locator)()
 	var att Attempt
@@ -137,6 +162,40 @@ func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) 
 	return att, nil
 }
 
+// beginDeferred starts a token's or key's attempt: it reads what the
+// counting path reads and writes nothing. Live, inactive and unknown
+// locators of these shapes all take it. A secret of a shape that burns
+// (none is minted so) is counted as a code's start would be.
+func (c *Cluster) beginDeferred(ctx context.Context, req BeginRequest) (Attempt, error) {
+	var att Attempt
+	err := c.update(ctx, func(tx *txn) error {
+		att = Attempt{}
+		s, err := secretByLocator(tx, req.Locator)
+		if err != nil {
+			return err
+		}
+		if s == nil {
+			// read as much as the found path does
+			_, err := tx.get(secretKey("-"))
+			return err
+		}
+		att.Secret = s
+		att.Deferred = !s.Burns()
+		if len(req.Commit) == sha256.Size {
+			att.Commit = hex.EncodeToString(req.Commit)
+		}
+		return nil
+	})
+	if err != nil {
+		return Attempt{}, fmt.Errorf("look up attempt: %w", err)
+	}
+	if att.Secret != nil && !att.Deferred {
+		req.Locator = att.Secret.Locator
+		return c.beginCounted(ctx, req)
+	}
+	return att, nil
+}
+
 // Abandon ends a counted attempt that will never be proven (wrong code,
 // timeout, broken connection): it stays counted, and its lease is freed
 // so waiting starts can go on. Without this call the lease expires.
@@ -152,6 +211,9 @@ func (c *Cluster) Orphan(ctx context.Context, att Attempt) error {
 }
 
 func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error {
+	if att.Deferred {
+		return c.countDeferred(ctx, att, orphan)
+	}
 	if !att.Counted || att.LeaseID == "" {
 		return nil
 	}
@@ -168,6 +230,34 @@ func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error 
 			c.failedEvent(tx, &s)
 			tx.put(secretKey(s.ID), s)
 		}
+		return nil
+	})
+}
+
+// countDeferred counts a token's or key's start that ended unproven, after
+// its answer: a failed proof, or (orphan) a connection that broke after the
+// Challenge, whose commitment stays refundable to a later proof revealing
+// its nonce, as a counted attempt's would.
+func (c *Cluster) countDeferred(ctx context.Context, att Attempt, orphan bool) error {
+	if att.Secret == nil {
+		return nil
+	}
+	defer c.locks.lock(ctx, att.Secret.Locator)()
+	return c.update(ctx, func(tx *txn) error {
+		var s Secret
+		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
+		if err != nil || !found {
+			return err
+		}
+		s.Unproven++
+		if orphan && att.Commit != "" && !s.knownCommit(att.Commit) {
+			s.Orphans = append(s.Orphans, Orphan{Commit: att.Commit})
+			if len(s.Orphans) > maxTrackedLeases {
+				s.Orphans = s.Orphans[len(s.Orphans)-maxTrackedLeases:]
+			}
+		}
+		c.failedEvent(tx, &s)
+		tx.put(secretKey(s.ID), s)
 		return nil
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,8 +86,13 @@ func TestTokensAndKeysCountButNeverBurn(t *testing.T) {
 				if err != nil {
 					t.Fatalf("start %d: %v", i, err)
 				}
-				if !att.Counted {
-					t.Fatalf("start %d was not counted", i)
+				// nothing is written before the KE2: the start counts
+				// once it ends unproven
+				if att.Counted || !att.Deferred {
+					t.Fatalf("start %d: counted %v deferred %v, want a deferred start", i, att.Counted, att.Deferred)
+				}
+				if got, _ := c.Secret(ctx, s.ID); got.Unproven != i {
+					t.Fatalf("start %d: %d counted before it ended, want %d", i, got.Unproven, i)
 				}
 				if err := c.Abandon(ctx, att); err != nil {
 					t.Fatal(err)
@@ -183,5 +189,49 @@ func TestUsedUpCodeIsRevoked(t *testing.T) {
 	// the first machine lost its Result: it resumes its join
 	if out := prove(t, c, att, "k0"); out.Status != wire.StatusJoined {
 		t.Fatalf("resume after used up: %+v", out)
+	}
+}
+
+// TestTokenStartCountsWhenItEnds: a token's start writes nothing before
+// its KE2; one whose connection broke after the Challenge is counted when
+// it ends, and its commitment stays refundable, so the holder's next proof
+// that reveals the nonce takes the count back, on either backend.
+func TestTokenStartCountsWhenItEnds(t *testing.T) {
+	for name, open := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			cs := open(t)
+			r, _ := joincode.RandomLowerBase32(20)
+			s := mintKind(t, cs[0], "jt_"+r, cluster.KindToken, 0)
+			nonce, commit, _ := nonceOf("holder", 0)
+			att, err := cs[0].Begin(ctx, cluster.BeginRequest{Locator: s.Locator, Commit: commit})
+			if err != nil || att.Counted || !att.Deferred || att.Secret == nil {
+				t.Fatalf("start: %+v %v, want a deferred start", att, err)
+			}
+			if n, _ := unproven(t, cs[1], s.ID); n != 0 {
+				t.Fatalf("%d counted before the start ended", n)
+			}
+			if err := cs[0].Orphan(ctx, att); err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := unproven(t, cs[1], s.ID); n != 1 {
+				t.Fatalf("%d counted after the orphaned start, want 1", n)
+			}
+			again, err := cs[1].Begin(ctx, cluster.BeginRequest{Locator: s.Locator})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out := prove(t, cs[1], again, "k0", nonce); out.Status != wire.StatusJoined {
+				t.Fatalf("join: %+v", out)
+			}
+			if n, burned := unproven(t, cs[0], s.ID); n != 0 || burned {
+				t.Fatalf("after the refunding proof: %d counted, burned %v; want 0", n, burned)
+			}
+			// an unknown locator of a token's shape is looked up, not counted
+			unknown, err := cs[0].Begin(ctx, cluster.BeginRequest{Locator: "jt_" + strings.Repeat("z", 26)})
+			if err != nil || unknown.Secret != nil || unknown.Counted {
+				t.Fatalf("unknown token locator: %+v %v", unknown, err)
+			}
+		})
 	}
 }
