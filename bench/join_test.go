@@ -191,13 +191,15 @@ func BenchmarkJoinFigures(b *testing.B) {
 	// one answers a Retry; a fleet's agents have addresses of their own
 	noRetry := []string{"--retry-above", "100000"}
 	// The floor: handshake + KE2 + one signature in a bare server process,
-	// and beside it the same plus the two durable writes this design makes
-	// per join (the count before the KE2, the record before the Result) on
-	// the disk the listener's store uses. Each case runs in blocks
-	// interleaved with blocks of both floors, so a machine whose speed
-	// drifts during the run moves the case and its floors together.
+	// and beside it the same plus the durable writes this design makes per
+	// join on the disk the listener's store uses: for a code the count
+	// before the KE2 and the record before the Result, for a token the
+	// record alone (its start is counted only if it fails). Each case runs
+	// in blocks interleaved with blocks of both floors, so a machine whose
+	// speed drifts during the run moves the case and its floors together.
 	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
-	durable, durableAddr := startFloor(b, "STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_DIR="+b.TempDir())
+	durableCode, durableCodeAddr := startFloor(b, "STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_DIR="+b.TempDir())
+	durableToken, durableTokenAddr := startFloor(b, "STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_WRITES=1", "STRATUM_BENCH_FLOOR_DIR="+b.TempDir())
 	const blocks = 4
 	for _, tc := range []struct {
 		name  string
@@ -212,7 +214,9 @@ func BenchmarkJoinFigures(b *testing.B) {
 		{"token (identity KSF), no Retry", true, pake.KSFParams{}, noRetry, 1},
 		{"token (identity KSF), with Retry (default --retry-above)", true, pake.KSFParams{}, nil, 1},
 		// every serve flag at its default: the budget of unproven starts
-		// adds a charge and a refund, two more commits, to each join
+		// charges a code's start (one more commit; its refund rides in
+		// the join's), and not a token's
+		{"code argon2id-t1-8MiB-p1, every serve default (budget of unproven starts on)", false, pake.LightestKSF, []string{"--unproven-per-source=8", "--connections-per-source=64"}, 1},
 		{"token (identity KSF), every serve default (budget of unproven starts on)", true, pake.KSFParams{}, []string{"--unproven-per-source=8", "--connections-per-source=64"}, 1},
 		{fmt.Sprintf("token wave, %d at once, no Retry", width), true, pake.KSFParams{}, noRetry, width},
 	} {
@@ -235,6 +239,10 @@ func BenchmarkJoinFigures(b *testing.B) {
 		var lat []time.Duration
 		var used, floorUsed, durableUsed time.Duration
 		var blockRatios []float64
+		durable, durableAddr, writes := durableCode, durableCodeAddr, 2
+		if tc.token {
+			durable, durableAddr, writes = durableToken, durableTokenAddr, 1
+		}
 		for range blocks {
 			f := floorCPUAt(b, floor, floorAddr, count/blocks, tc.width)
 			d := floorCPUAt(b, durable, durableAddr, count/blocks, tc.width)
@@ -246,8 +254,8 @@ func BenchmarkJoinFigures(b *testing.B) {
 		sort.Float64s(blockRatios)
 		per := used / time.Duration(count)
 		floorPer, durablePer := floorUsed/blocks, durableUsed/blocks
-		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its durable writes %s, %.2fx it",
-			ms(per), ms(floorPer), float64(per)/float64(floorPer), blockRatios[0], blockRatios[len(blockRatios)-1], ms(durablePer), float64(per)/float64(durablePer))
+		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its %d durable writes %s, %.2fx it",
+			ms(per), ms(floorPer), float64(per)/float64(floorPer), blockRatios[0], blockRatios[len(blockRatios)-1], writes, ms(durablePer), float64(per)/float64(durablePer))
 		if tc.token {
 			b.Logf("%s: %d joins: p50 %s, p99 %s; %s", tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), figures)
 			continue

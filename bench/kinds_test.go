@@ -39,6 +39,20 @@ func (p *proc) mintToken(b *testing.B, maxUses int, key string) string {
 	return out.Token
 }
 
+// revokeToken revokes a joinTokens token through the admin socket.
+func (p *proc) revokeToken(b *testing.B, tokenID string) {
+	b.Helper()
+	body := fmt.Sprintf(`{"tenantId":"default","poolId":"default","tokenId":%q}`, tokenID)
+	resp, err := socketClient(p.sock).Post("http://stratum-admin/api/compute/joinTokens/revoke", "application/json", strings.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b.Fatalf("revoke token: %d", resp.StatusCode)
+	}
+}
+
 // agentJoins runs n one-shot `stratum-agent join` processes with secret,
 // each on a fresh state directory (the process makes its node key). It
 // returns each process's wall time and CPU
