@@ -64,7 +64,7 @@ func (s State) writeAttempts(m map[string][]string, with ...pki.File) error {
 // fresh key (not nil) is written with the nonce, or alone when the nonce
 // is resumed.
 func (s State) newAttempt(locator string, fresh *pki.File) (nonce []byte, commit []byte, earlier [][]byte, err error) {
-	nonce, commit, earlier, save, err := s.prepareAttempt(locator, fresh)
+	nonce, commit, earlier, save, err := s.prepareAttempt(locator, fresh, true)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -78,7 +78,13 @@ func (s State) newAttempt(locator string, fresh *pki.File) (nonce []byte, commit
 // (and the fresh key) durable, and must have returned nil before the
 // Hello that carries the commitment leaves. Join runs it while the QUIC
 // handshake is under way, which sends nothing of the join.
-func (s State) prepareAttempt(locator string, fresh *pki.File) (nonce, commit []byte, earlier [][]byte, save func() error, err error) {
+//
+// counted says whether the listener counts the start before its KE2 (a
+// join code's: cluster.CountsBeforeKE2). A token's or key's start is
+// counted only when it ends unproven and nothing burns it, so a nonce lost
+// to a crash costs at most one failed attempt in an operator's count: its
+// fresh nonce stays in memory, and save writes only the fresh key.
+func (s State) prepareAttempt(locator string, fresh *pki.File, counted bool) (nonce, commit []byte, earlier [][]byte, save func() error, err error) {
 	var with []pki.File
 	if fresh != nil {
 		with = append(with, *fresh)
@@ -109,8 +115,18 @@ func (s State) prepareAttempt(locator string, fresh *pki.File) (nonce, commit []
 		if _, err := rand.Read(nonce); err != nil {
 			return nil, nil, nil, nil, err
 		}
-		m[locator] = []string{hex.EncodeToString(nonce)}
-		save = func() error { return s.writeAttempts(m, with...) }
+		switch {
+		case counted:
+			m[locator] = []string{hex.EncodeToString(nonce)}
+			save = func() error { return s.writeAttempts(m, with...) }
+		case len(with) > 0:
+			save = func() error {
+				if err := pki.WriteFiles(s.Dir, with); err != nil {
+					return fmt.Errorf("write node key: %w", err)
+				}
+				return nil
+			}
+		}
 	}
 	if len(earlier) > maxKeptNonces-1 {
 		earlier = earlier[len(earlier)-(maxKeptNonces-1):]
@@ -139,6 +155,9 @@ func (s State) dropAttempt(locator string, nonce []byte) error {
 	m, err := s.readAttempts()
 	if err != nil {
 		return err
+	}
+	if _, ok := m[locator]; !ok {
+		return nil // nothing recorded (a token's or key's start)
 	}
 	h := hex.EncodeToString(nonce)
 	kept := m[locator][:0]

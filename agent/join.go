@@ -144,15 +144,16 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The nonce is on disk before the Hello leaves: if this process or
-	// the listener dies mid-join, the next attempt resumes it or a proof
-	// claims it back. A key made now is written in the same batch (one
+	// A code's nonce is on disk before the Hello leaves: if this process
+	// or the listener dies mid-join, the next attempt resumes it or a
+	// proof claims it back (a token's or key's start is counted only if it
+	// ends unproven, and never burns: its nonce stays in memory). A key made now is written in the same batch (one
 	// directory sync for both): durable before the CSR that names it
 	// leaves, so no certificate can outlive its key. The write runs while
 	// the QUIC handshake is under way, which sends nothing of the join;
 	// the Hello waits for it, and so does every return, so no write is
 	// left in flight.
-	nonce, commit, earlier, save, err := st.prepareAttempt(cfg.Secret.Locator, freshKey)
+	nonce, commit, earlier, save, err := st.prepareAttempt(cfg.Secret.Locator, freshKey, cfg.Secret.Kind == joincode.KindCode)
 	if err != nil {
 		return nil, err
 	}

@@ -117,24 +117,37 @@ func testChain(t *testing.T) (ca, leaf *x509.Certificate) {
 }
 
 // TestJoinUnreachableLeavesNonce checks that a join whose dial fails
-// still returns only once its nonce and key are written: the write runs
-// alongside the handshake, and no return leaves it in flight.
+// still returns only once its key and, for a join code, its nonce are
+// written: the write runs alongside the handshake, and no return leaves it
+// in flight. A token's start is counted only if it ends unproven, and
+// never burns: its nonce is not written at all.
 func TestJoinUnreachableLeavesNonce(t *testing.T) {
-	st := State{Dir: filepath.Join(t.TempDir(), "state")}
-	sec, err := joincode.Parse("bcjt_jt_00000000000000000000000000.0000000000000000000000000000000000000000000000000000")
+	code, err := joincode.NewCode("AB")
 	if err != nil {
-		t.Skipf("token form: %v", err)
-	}
-	_, err = Join(context.Background(), JoinConfig{StateDir: st.Dir, Endpoint: "127.0.0.1:1", Secret: sec, DialTimeout: 200 * time.Millisecond})
-	var unreachable *UnreachableError
-	if !errors.As(err, &unreachable) {
-		t.Fatalf("join: %v, want unreachable", err)
-	}
-	m, err := st.readAttempts()
-	if err != nil || len(m[sec.Locator]) != 1 {
-		t.Fatalf("attempts after the failed dial: %v %v", m, err)
-	}
-	if _, err := st.Key(); err != nil {
 		t.Fatal(err)
+	}
+	token, err := joincode.Parse("bcjt_jt_00000000000000000000000000.0000000000000000000000000000000000000000000000000000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		sec    joincode.Secret
+		nonces int
+	}{{code, 1}, {token, 0}} {
+		t.Run(tc.sec.Kind.String(), func(t *testing.T) {
+			st := State{Dir: filepath.Join(t.TempDir(), "state")}
+			_, err := Join(context.Background(), JoinConfig{StateDir: st.Dir, Endpoint: "127.0.0.1:1", Secret: tc.sec, DialTimeout: 200 * time.Millisecond})
+			var unreachable *UnreachableError
+			if !errors.As(err, &unreachable) {
+				t.Fatalf("join: %v, want unreachable", err)
+			}
+			m, err := st.readAttempts()
+			if err != nil || len(m[tc.sec.Locator]) != tc.nonces {
+				t.Fatalf("attempts after the failed dial: %v %v, want %d nonces", m, err, tc.nonces)
+			}
+			if _, err := st.Key(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
