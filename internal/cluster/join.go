@@ -175,12 +175,16 @@ func (c *Cluster) beginDeferred(ctx context.Context, req BeginRequest) (Attempt,
 			return err
 		}
 		if s == nil {
-			// read as much as the found path does
-			_, err := tx.get(secretKey("-"))
-			return err
+			// read and decode as much as the found path does
+			if _, err := tx.get(secretKey("-")); err != nil {
+				return err
+			}
+			var shape Secret
+			return json.Unmarshal(standInTemplate, &shape)
 		}
 		att.Secret = s
-		att.Deferred = !s.Burns()
+		// an inactive secret's start is not counted, as for a code
+		att.Deferred = !s.Burns() && s.Live(c.now().UTC())
 		if len(req.Commit) == sha256.Size {
 			att.Commit = hex.EncodeToString(req.Commit)
 		}
@@ -189,7 +193,7 @@ func (c *Cluster) beginDeferred(ctx context.Context, req BeginRequest) (Attempt,
 	if err != nil {
 		return Attempt{}, fmt.Errorf("look up attempt: %w", err)
 	}
-	if att.Secret != nil && !att.Deferred {
+	if att.Secret != nil && att.Secret.Burns() {
 		req.Locator = att.Secret.Locator
 		return c.beginCounted(ctx, req)
 	}
