@@ -190,18 +190,11 @@ func (c *Cluster) Uncount(ctx context.Context, att Attempt) error {
 	if !att.Counted || att.Secret == nil {
 		return nil
 	}
-	defer c.locks.lock(ctx, att.Secret.Locator)()
-	return c.update(ctx, func(tx *txn) error {
-		var s Secret
-		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
-		if err != nil || !found {
-			return err
-		}
+	return c.updateSecret(ctx, att, func(_ *txn, s *Secret) bool {
 		// a resumed or refunded attempt is un-counted where that happened
 		if s.proven(att) && s.Unproven > 0 {
 			s.Unproven--
 		}
-		tx.put(secretKey(s.ID), s)
-		return nil
+		return true
 	})
 }

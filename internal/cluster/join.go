@@ -221,6 +221,21 @@ func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error 
 	if !att.Counted || att.LeaseID == "" {
 		return nil
 	}
+	return c.updateSecret(ctx, att, func(tx *txn, s *Secret) bool {
+		before := len(s.Leases)
+		s.dropLease(att.LeaseID, orphan)
+		if len(s.Leases) == before {
+			return false
+		}
+		c.failedEvent(tx, s)
+		return true
+	})
+}
+
+// updateSecret runs change on the record of att's secret under its
+// locator's lock, and writes the record back when change reports it
+// changed; a secret deleted meanwhile is left alone.
+func (c *Cluster) updateSecret(ctx context.Context, att Attempt, change func(tx *txn, s *Secret) bool) error {
 	defer c.locks.lock(ctx, att.Secret.Locator)()
 	return c.update(ctx, func(tx *txn) error {
 		var s Secret
@@ -228,10 +243,7 @@ func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error 
 		if err != nil || !found {
 			return err
 		}
-		before := len(s.Leases)
-		s.dropLease(att.LeaseID, orphan)
-		if len(s.Leases) != before {
-			c.failedEvent(tx, &s)
+		if change(tx, &s) {
 			tx.put(secretKey(s.ID), s)
 		}
 		return nil
@@ -246,13 +258,7 @@ func (c *Cluster) countDeferred(ctx context.Context, att Attempt, orphan bool) e
 	if att.Secret == nil {
 		return nil
 	}
-	defer c.locks.lock(ctx, att.Secret.Locator)()
-	return c.update(ctx, func(tx *txn) error {
-		var s Secret
-		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
-		if err != nil || !found {
-			return err
-		}
+	return c.updateSecret(ctx, att, func(tx *txn, s *Secret) bool {
 		s.Unproven++
 		if orphan && att.Commit != "" && !s.knownCommit(att.Commit) {
 			s.Orphans = append(s.Orphans, Orphan{Commit: att.Commit})
@@ -260,9 +266,8 @@ func (c *Cluster) countDeferred(ctx context.Context, att Attempt, orphan bool) e
 				s.Orphans = s.Orphans[len(s.Orphans)-maxTrackedLeases:]
 			}
 		}
-		c.failedEvent(tx, &s)
-		tx.put(secretKey(s.ID), s)
-		return nil
+		c.failedEvent(tx, s)
+		return true
 	})
 }
 
