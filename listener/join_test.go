@@ -324,14 +324,7 @@ func TestUnknownSelectorLooksLive(t *testing.T) {
 	}
 	unknown, _ := joincode.NewCode(unknownSel)
 	ctx := context.Background()
-	a, err := rawJoin{Secret: live, StopAfterChallenge: true}.run(ctx, l.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := rawJoin{Secret: unknown, StopAfterChallenge: true}.run(ctx, l.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := challenges(t, l, live, unknown)
 	if a.ChallengeSize != b.ChallengeSize {
 		t.Fatalf("challenge for a live code is %d bytes, for an unknown selector %d", a.ChallengeSize, b.ChallengeSize)
 	}
@@ -522,16 +515,21 @@ func TestUnknownTokenLooksLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	a, err := rawJoin{Secret: live, StopAfterChallenge: true}.run(ctx, l.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := rawJoin{Secret: unknown, StopAfterChallenge: true}.run(ctx, l.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := challenges(t, l, live, unknown)
 	if a.ChallengeSize != b.ChallengeSize || a.Challenge.KSF != b.Challenge.KSF || !a.Challenge.KSF.None() {
 		t.Fatalf("live token: %d bytes, KSF %+v; unknown token locator: %d bytes, KSF %+v", a.ChallengeSize, a.Challenge.KSF, b.ChallengeSize, b.Challenge.KSF)
 	}
+}
+
+// challenges runs one exchange up to its Challenge with each secret.
+func challenges(t *testing.T, l *listenertest.Listener, a, b joincode.Secret) (rawOutcome, rawOutcome) {
+	t.Helper()
+	run := func(sec joincode.Secret) rawOutcome {
+		o, err := rawJoin{Secret: sec, StopAfterChallenge: true}.run(context.Background(), l.Endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	return run(a), run(b)
 }
