@@ -235,3 +235,24 @@ func TestTokenStartCountsWhenItEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestCountsBeforeKE2ByShape: a join code's selector, and any locator of no
+// secret's shape, is counted before its KE2; a token's and a key's are not.
+func TestCountsBeforeKE2ByShape(t *testing.T) {
+	for _, tc := range []struct {
+		locator string
+		counted bool
+	}{
+		{"4F", true},
+		{"", true},
+		{"not-a-locator", true},
+		{"jt_" + strings.Repeat("a", 25), true},
+		{"jt_" + strings.Repeat("a", 26), false},
+		{"dnjoin-" + strings.Repeat("A", 26), false},
+		{"dnjoin-" + strings.Repeat("A", 27), true},
+	} {
+		if got := cluster.CountsBeforeKE2(tc.locator); got != tc.counted {
+			t.Errorf("CountsBeforeKE2(%q) = %v, want %v", tc.locator, got, tc.counted)
+		}
+	}
+}
