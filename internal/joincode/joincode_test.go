@@ -69,22 +69,28 @@ func TestParseRejects(t *testing.T) {
 	}
 }
 
+// tokenAndKey mints a token with tokenID and a join key with a fresh id,
+// which it returns too.
+func tokenAndKey(t *testing.T, tokenID string) (tok, key Secret, keyID string) {
+	t.Helper()
+	tok, err := NewToken(tokenID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyID, err = NewKeyID(); err != nil {
+		t.Fatal(err)
+	}
+	if key, err = NewKey(keyID); err != nil {
+		t.Fatal(err)
+	}
+	return tok, key, keyID
+}
+
 func TestTokenAndKeyForms(t *testing.T) {
 	id := "jt_" + strings.Repeat("0", 26)
-	tok, err := NewToken(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok, key, kid := tokenAndKey(t, id)
 	if tok.Kind != KindToken || tok.Locator != id || !strings.HasPrefix(string(tok.Password()), "bcjt_"+id+".") {
 		t.Fatalf("token %v", tok)
-	}
-	kid, err := NewKeyID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := NewKey(kid)
-	if err != nil {
-		t.Fatal(err)
 	}
 	if key.Kind != KindKey || key.Locator != kid || len(key.Password()) != len(kid)+1+52 {
 		t.Fatalf("key %v %d", key, len(key.Password()))
@@ -130,18 +136,7 @@ func TestLocatorKind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := NewToken("jt_" + strings.Repeat("a", 26))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kid, err := NewKeyID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := NewKey(kid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok, key, _ := tokenAndKey(t, "jt_"+strings.Repeat("a", 26))
 	for _, s := range []Secret{code, tok, key} {
 		parsed, err := Parse(s.Display())
 		if err != nil {
