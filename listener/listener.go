@@ -509,6 +509,10 @@ func (l *Listener) Run(ctx context.Context) error {
 		// pending join alive itself.
 		KeepAlivePeriod: 0,
 		Allow0RTT:       false,
+		// A join lives a few round trips: probing for a larger path MTU
+		// costs padded packets the agent must acknowledge and never pays
+		// back (TestListenerSendsNoPathMTUProbes).
+		DisablePathMTUDiscovery: true,
 	})
 	if err != nil {
 		return fmt.Errorf("quic listen: %w", err)

@@ -1,0 +1,92 @@
+package listener_test
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/listener/adminapi"
+	"github.com/stratumjoin/stratum/listener/listenertest"
+)
+
+// udpTap forwards datagrams between one agent and the listener through a
+// socket of its own and records the size of each datagram the listener
+// sends: what crosses the wire, as a packet capture would see it.
+type udpTap struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func startUDPTap(t *testing.T, upstream string) (string, *udpTap) {
+	t.Helper()
+	down, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upAddr, err := net.ResolveUDPAddr("udp", upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := net.DialUDP("udp", nil, upAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { down.Close(); up.Close() })
+	tap := &udpTap{}
+	var agentAddr sync.Map // the one agent's address, once it has sent
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := down.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			agentAddr.Store("agent", from)
+			up.Write(buf[:n])
+		}
+	}()
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, err := up.Read(buf)
+			if err != nil {
+				return
+			}
+			tap.mu.Lock()
+			tap.sizes = append(tap.sizes, n)
+			tap.mu.Unlock()
+			if to, ok := agentAddr.Load("agent"); ok {
+				down.WriteToUDP(buf[:n], to.(*net.UDPAddr))
+			}
+		}
+	}()
+	return down.LocalAddr().String(), tap
+}
+
+// TestListenerSendsNoPathMTUProbes: a join's connection lives for a few
+// round trips, too short for a larger path MTU to pay for the probes that
+// find it (each a padded packet the agent must acknowledge), so the
+// listener sends nothing larger than QUIC's initial 1,280-byte datagrams.
+func TestListenerSendsNoPathMTUProbes(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	addr, tap := startUDPTap(t, l.Endpoint)
+	for i := range 3 {
+		sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+		if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "agent"), Endpoint: addr, Secret: sec}); err != nil {
+			t.Fatalf("join %d: %v", i, err)
+		}
+	}
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	if len(tap.sizes) == 0 {
+		t.Fatal("no datagram from the listener crossed the tap")
+	}
+	for _, n := range tap.sizes {
+		if n > 1280 {
+			t.Fatalf("the listener sent a %d-byte datagram (sizes %v): a path MTU probe", n, tap.sizes)
+		}
+	}
+}
