@@ -432,6 +432,11 @@ func (l *Listener) tlsConfig() *tls.Config {
 		// renewal handler, which also accepts one that expired while the
 		// machine was off.
 		ClientAuth: tls.RequestClientCert,
+		// No agent resumes a session: each join and renewal is a full
+		// handshake its PAKE or node certificate authenticates, so a
+		// ticket would be sealed for nothing (a renewal's would carry
+		// the node's chain).
+		SessionTicketsDisabled: true,
 	}
 }
 

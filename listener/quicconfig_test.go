@@ -2,12 +2,17 @@ package listener_test
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
 
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener/adminapi"
 	"github.com/stratumjoin/stratum/listener/listenertest"
 )
@@ -89,4 +94,50 @@ func TestListenerSendsNoPathMTUProbes(t *testing.T) {
 			t.Fatalf("the listener sent a %d-byte datagram (sizes %v): a path MTU probe", n, tap.sizes)
 		}
 	}
+}
+
+// TestListenerIssuesNoSessionTickets: no agent resumes a TLS session (each
+// join and renewal is a fresh handshake its PAKE or node certificate
+// authenticates), so a ticket would be sealed for nothing, and for a
+// renewal it would carry the node's certificate chain. A client that keeps
+// tickets comes back to a full handshake.
+func TestListenerIssuesNoSessionTickets(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	cache := tls.NewLRUClientSessionCache(4)
+	dial := func() *quic.Conn {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := quic.DialAddr(ctx, l.Endpoint, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13, ClientSessionCache: cache}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return conn
+	}
+	first := dial()
+	str, err := first.OpenStreamSync(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the Challenge comes after the handshake's last flight, where a
+	// ticket would have been
+	if out, err := (rawJoin{Secret: sec, StopAfterChallenge: true}).exchange(str, exporterOf(t, first)); err != nil || len(out.Challenge.KE2) == 0 {
+		t.Fatalf("first exchange: %+v, %v", out, err)
+	}
+	first.CloseWithError(0, "")
+	second := dial()
+	defer second.CloseWithError(0, "")
+	if second.ConnectionState().TLS.DidResume {
+		t.Fatal("the listener resumed a TLS session from a ticket it issued")
+	}
+}
+
+func exporterOf(t *testing.T, conn *quic.Conn) []byte {
+	t.Helper()
+	exp, err := wire.Exporter(conn.ConnectionState().TLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exp
 }
