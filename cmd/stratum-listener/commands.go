@@ -17,6 +17,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/cli"
 	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/gcfloor"
 	"github.com/stratumjoin/stratum/internal/pake"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // bolt: store
 	_ "github.com/stratumjoin/stratum/internal/store/etcdstore" // etcd:// store
@@ -242,6 +243,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "join connections served at once; agents beyond it back off and retry")
 	cmd.Flags().IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "QUIC handshakes in progress at once; past it new connections are refused at their first packet and agents back off (-1: no bound; default 256 per CPU)")
+	cmd.Flags().IntVar(&cfg.GCHeadroomMiB, "gc-headroom", gcfloor.DefaultHeadroom>>20, "MiB the heap may grow between garbage collections while the live heap is smaller (0: GOGC's doubling alone; GOGC or GOMEMLIMIT in the environment override it)")
 	cmd.Flags().IntVar(&cfg.MaxRenewals, "max-renewals", 512, "renewal connections served at once, apart from joins")
 	cmd.Flags().IntVar(&cfg.PerSourceConnections, "connections-per-source", 64, "connections one source address may hold at once (-1: no share)")
 	cmd.Flags().DurationVar(&cfg.FirstStream, "first-stream", 5*time.Second, "how long a connection may go without opening its stream")
