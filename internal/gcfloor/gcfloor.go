@@ -7,8 +7,8 @@
 // about 5 MiB when it is not under a herd, and each join allocates about
 // 230 KiB, so it collected every ~20 joins and spent about a tenth of its
 // CPU doing so. After every cycle the tuner sets GOGC so that the next one
-// comes once the heap has grown by max(live heap, Headroom): at most
-// Headroom more memory than GOGC=100 while the live heap is small, and
+// comes once the heap has grown by max(live heap, min(Headroom, 4x live)):
+// at most Headroom more memory than GOGC=100 while the live heap is small, and
 // exactly GOGC=100 once it is larger than Headroom, so the peak under a
 // herd (where the live heap is largest) is what GOGC=100 gives.
 package gcfloor
@@ -27,7 +27,7 @@ import (
 const DefaultHeadroom = 32 << 20
 
 // maxPercent bounds GOGC when the live heap is tiny (a fresh process).
-const maxPercent = 2000
+const maxPercent = 400
 
 // Tuner adjusts GOGC after each garbage collection. The zero value is not
 // usable; call Start.
@@ -106,7 +106,7 @@ func (t *Tuner) tune() {
 
 // PercentFor is the GOGC that makes the next collection come once a heap
 // of live bytes has grown by max(live, headroom): 100 once live reaches
-// headroom, more below it, at most maxPercent.
+// headroom, more below it, at most maxPercent (growth 4x live).
 func PercentFor(live, headroom uint64) int {
 	if live >= headroom {
 		return 100

@@ -13,7 +13,8 @@ func TestPercentFor(t *testing.T) {
 		live, headroom uint64
 		want           int
 	}{
-		{5 * mib, 32 * mib, 640},
+		{5 * mib, 32 * mib, maxPercent},
+		{10 * mib, 32 * mib, 320},
 		{16 * mib, 32 * mib, 200},
 		{32 * mib, 32 * mib, 100},
 		{66 * mib, 32 * mib, 100},
@@ -55,8 +56,8 @@ func collect(t *testing.T, tuned <-chan int, ok func(int) bool) int {
 var keep [][]byte
 
 // TestSmallHeapGetsHeadroom: after a collection of a small heap the
-// collector's goal is the live heap plus the headroom, not twice the live
-// heap; a live heap above the headroom gets GOGC=100; Stop puts 100 back.
+// collector's goal is raised past GOGC=100's; a live heap above the
+// headroom gets GOGC=100; Stop puts 100 back.
 func TestSmallHeapGetsHeadroom(t *testing.T) {
 	const headroom = 64 << 20
 	tuned := make(chan int, 16)
@@ -73,8 +74,10 @@ func TestSmallHeapGetsHeadroom(t *testing.T) {
 	if p <= 100 {
 		t.Fatalf("GOGC %d for a live heap of %d bytes, want more than 100", p, live)
 	}
-	if goal < live+headroom*9/10 {
-		t.Errorf("heap goal %d bytes for %d live, want about live + %d", goal, live, headroom)
+	// the runtime's goal for GOGC=p: live grown by p %, and never under
+	// its 4 MiB minimum heap scaled by p % (GOGC=100 would give 4 MiB here)
+	if want := max(live+live*uint64(p)/100, (4<<20)*uint64(p)/100); goal < want*9/10 {
+		t.Errorf("heap goal %d bytes for %d live at GOGC %d, want about %d", goal, live, p, want)
 	}
 
 	// a live heap twice the headroom collects as GOGC=100 does
