@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func startUDPTap(t *testing.T, upstream string) (string, *udpTap) {
 	}
 	t.Cleanup(func() { down.Close(); up.Close() })
 	tap := &udpTap{}
-	var agentAddr sync.Map // the one agent's address, once it has sent
+	var agentAddr atomic.Pointer[net.UDPAddr] // the one agent's, once it has sent
 	go func() {
 		buf := make([]byte, 65536)
 		for {
@@ -49,7 +50,7 @@ func startUDPTap(t *testing.T, upstream string) (string, *udpTap) {
 			if err != nil {
 				return
 			}
-			agentAddr.Store("agent", from)
+			agentAddr.Store(from)
 			up.Write(buf[:n])
 		}
 	}()
@@ -63,8 +64,8 @@ func startUDPTap(t *testing.T, upstream string) (string, *udpTap) {
 			tap.mu.Lock()
 			tap.sizes = append(tap.sizes, n)
 			tap.mu.Unlock()
-			if to, ok := agentAddr.Load("agent"); ok {
-				down.WriteToUDP(buf[:n], to.(*net.UDPAddr))
+			if to := agentAddr.Load(); to != nil {
+				down.WriteToUDP(buf[:n], to)
 			}
 		}
 	}()
