@@ -3,7 +3,11 @@ package listener
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -33,14 +37,54 @@ func bubbleListener(t *testing.T) (*Listener, store.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return &Listener{now: time.Now, cluster: cluster.New(cluster.Config{Store: st, Now: time.Now})}, st
+	return listenerOn(st), st
 }
 
-// A pending join nobody decides ends at its approval deadline, at the
-// first poll past it, in fake time.
+func listenerOn(st store.Store) *Listener {
+	return &Listener{now: time.Now, logger: slog.New(slog.DiscardHandler), cluster: cluster.New(cluster.Config{Store: st, Now: time.Now})}
+}
+
+// joinReads counts the reads of join records, and watches as its store
+// does unless it is told not to.
+type joinReads struct {
+	store.Store
+	reads, watches atomic.Int32
+	// noWatch hides the store's watch, as a backend without one
+	noWatch bool
+	// breakAfter closes each watch this long after it began, as a lost
+	// etcd member does
+	breakAfter time.Duration
+}
+
+func (s *joinReads) Get(ctx context.Context, key string) (store.KV, error) {
+	if strings.HasPrefix(key, "join/") {
+		s.reads.Add(1)
+	}
+	return s.Store.Get(ctx, key)
+}
+
+func (s *joinReads) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	if s.noWatch {
+		return nil, errors.New("this store cannot watch")
+	}
+	s.watches.Add(1)
+	if s.breakAfter == 0 {
+		return s.Store.(store.Watcher).Watch(ctx, key)
+	}
+	// the watch's own context ends it; the caller's ending first does too
+	wctx, cancel := context.WithTimeout(ctx, s.breakAfter)
+	ch, err := s.Store.(store.Watcher).Watch(wctx, key)
+	context.AfterFunc(wctx, cancel)
+	return ch, err
+}
+
+// A pending join nobody decides ends at its approval deadline, in fake
+// time, having read its record once.
 func TestApprovalWaitDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, st := bubbleListener(t)
+		_, st := bubbleListener(t)
+		counted := &joinReads{Store: st}
+		l := listenerOn(counted)
 		putJoin(t, st, "j1", "pending")
 		start := time.Now()
 		const wait = 10 * time.Second
@@ -48,30 +92,59 @@ func TestApprovalWaitDeadline(t *testing.T) {
 		if err == nil || err.Error() != "approval timed out" {
 			t.Fatalf("waitDecision = %v, want approval timed out", err)
 		}
-		if got, want := time.Since(start), wait+approvalPoll; got != want {
-			t.Fatalf("timed out after %s, want %s (the first poll past the deadline)", got, want)
+		if got := time.Since(start); got != wait {
+			t.Fatalf("timed out after %s, want %s", got, wait)
+		}
+		if got := counted.reads.Load(); got != 1 {
+			t.Fatalf("read the join %d times while nothing changed, want once", got)
 		}
 	})
 }
 
-// An approval that lands while the join waits ends the wait at the next
-// poll, long before the deadline.
+// An approval that lands while the join waits ends the wait when it
+// commits, whether the store watches, cannot watch (then at the next
+// poll), or its watch breaks and is renewed meanwhile.
 func TestApprovalWaitDecided(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l, st := bubbleListener(t)
-		putJoin(t, st, "j1", "pending")
-		start := time.Now()
-		go func() {
-			time.Sleep(5 * time.Second) // fake time: the admin approves 5 s in
-			putJoin(t, st, "j1", "approved")
-		}()
-		if err := l.waitDecision(t.Context(), "j1", start.Add(approvalMaxAge)); err != nil {
-			t.Fatalf("waitDecision = %v, want the decision", err)
-		}
-		if got, want := time.Since(start), 5*time.Second+approvalPoll; got != want {
-			t.Fatalf("decided after %s, want %s", got, want)
-		}
-	})
+	const decidedAt = 5*time.Second + 100*time.Millisecond
+	for _, tc := range []struct {
+		name           string
+		noWatch        bool
+		breakAfter     time.Duration
+		want           time.Duration
+		reads          int32
+		atLeastWatches int32
+	}{
+		{"watched", false, 0, decidedAt, 2, 1},
+		{"no watch", true, 0, 5*time.Second + approvalPoll, 22, 0}, // a read at 0 and at each of 21 polls
+		// broken at 1, 2, 3, 4 and 5 s: each break costs one read
+		{"watch breaks each second", false, time.Second, decidedAt, 7, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				_, st := bubbleListener(t)
+				counted := &joinReads{Store: st, noWatch: tc.noWatch, breakAfter: tc.breakAfter}
+				l := listenerOn(counted)
+				putJoin(t, st, "j1", "pending")
+				start := time.Now()
+				go func() {
+					time.Sleep(decidedAt) // fake time: the admin approves
+					putJoin(t, st, "j1", "approved")
+				}()
+				if err := l.waitDecision(t.Context(), "j1", start.Add(approvalMaxAge)); err != nil {
+					t.Fatalf("waitDecision = %v, want the decision", err)
+				}
+				if got := time.Since(start); got != tc.want {
+					t.Fatalf("decided after %s, want %s", got, tc.want)
+				}
+				if got := counted.reads.Load(); got != tc.reads {
+					t.Fatalf("read the join %d times, want %d", got, tc.reads)
+				}
+				if got := counted.watches.Load(); got < tc.atLeastWatches {
+					t.Fatalf("watched %d times, want at least %d", got, tc.atLeastWatches)
+				}
+			})
+		})
+	}
 }
 
 // Starts waiting on one secret are woken one at a time, oldest first, as

@@ -257,18 +257,30 @@ func (l *Listener) unavailable(err error) *wire.Result {
 	return &wire.Result{Status: wire.StatusRefused, Code: wire.CodeUnavailable, Message: msg, RetryAfter: retry}
 }
 
-// waitDecision polls a pending join until it is decided.
+// waitDecision waits until a pending join is decided or its deadline
+// passes. Where the store can watch, the join's record is read again only
+// when it changes: a fleet waiting for its administrator costs no store
+// reads, and a decision ends the wait at once. Without a watch (or while
+// a broken one cannot be renewed) the record is read every approvalPoll.
 func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline time.Time) error {
-	t := time.NewTicker(approvalPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the watch
+	expiry := time.NewTimer(deadline.Sub(l.now()))
+	defer expiry.Stop()
+	var poll *time.Ticker
+	defer func() {
+		if poll != nil {
+			poll.Stop()
 		}
-		if l.now().After(deadline) {
-			return errors.New("approval timed out")
+	}()
+	var changed <-chan struct{}
+	for {
+		if changed == nil {
+			// watched before the read, so a decision after it wakes us
+			var err error
+			if changed, err = l.cluster.WatchJoin(ctx, joinID); err != nil {
+				l.logger.Debug("watch pending join, polling instead", "joinId", joinID, "err", err)
+			}
 		}
 		j, err := l.cluster.Join(ctx, joinID)
 		if ctx.Err() != nil {
@@ -281,6 +293,27 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 		}
 		if !j.IsPending() {
 			return nil
+		}
+		var tick <-chan time.Time
+		if changed == nil {
+			if poll == nil {
+				poll = time.NewTicker(approvalPoll)
+			}
+			tick = poll.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-expiry.C:
+			return errors.New("approval timed out")
+		case <-tick:
+		case _, open := <-changed:
+			if !open {
+				changed = nil // broken: read again and watch anew
+			}
+		}
+		if l.now().After(deadline) {
+			return errors.New("approval timed out")
 		}
 	}
 }

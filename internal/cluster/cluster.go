@@ -535,6 +535,22 @@ func (c *Cluster) Join(ctx context.Context, id string) (*Join, error) {
 	return &j, nil
 }
 
+// WatchJoin watches one join's record: the channel receives a value after
+// each committed change of it (a decision among them) and is closed when
+// ctx ends or the watch breaks. It is nil, with no error, when the store
+// cannot watch.
+func (c *Cluster) WatchJoin(ctx context.Context, id string) (<-chan struct{}, error) {
+	w, ok := c.store.(store.Watcher)
+	if !ok {
+		return nil, nil
+	}
+	ch, err := w.Watch(ctx, joinKey(id))
+	if err != nil {
+		return nil, fmt.Errorf("watch join %s: %w", id, err)
+	}
+	return ch, nil
+}
+
 // ErrSASMismatch means an approval named a short authentication string
 // other than the join's: the machine the approver stands at is not the one
 // that made this join. The join stays pending.

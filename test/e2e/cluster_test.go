@@ -227,6 +227,51 @@ func TestSeveralListenersOneCluster(t *testing.T) {
 		t.Fatalf("code minted on 1, joined through 2 and 3: uses %d, failed %d", after.Uses, after.FailedAttempts)
 	}
 
+	// A join waiting on listener 3 for approval is approved on listener 1:
+	// listener 3 learns it through its etcd watch and the agent joins.
+	ls[0].adminJSON(&code, "codes", "create", "--max-uses", "1")
+	pendingState, pendingRoot := machine(t, "state")
+	pendingJoin := exec.Command(filepath.Join(binDir, "stratum-agent"), "join", "--code", "-", "--state", pendingState, "--root", pendingRoot, "--endpoint", eps[2])
+	pendingJoin.Stdin = strings.NewReader(code.Code + "\n")
+	var pendingOut strings.Builder
+	pendingJoin.Stdout, pendingJoin.Stderr = &pendingOut, &pendingOut
+	if err := pendingJoin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	joined := make(chan error, 1)
+	go func() { joined <- pendingJoin.Wait() }()
+	var pending struct {
+		Items []struct{ ID, State, SAS string } `json:"items"`
+	}
+	for waited := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		ls[0].adminJSON(&pending, "joins", "list")
+		if len(pending.Items) > 0 && pending.Items[0].State == "pending" {
+			break
+		}
+		if time.Since(waited) > 30*time.Second {
+			pendingJoin.Process.Kill()
+			<-joined // the output is whole once the agent is gone
+			t.Fatalf("no pending join listed on listener 1 after 30s; the agent said:\n%s", pendingOut.String())
+		}
+	}
+	approving := time.Now()
+	ls[0].adminJSON(&struct{}{}, "joins", "approve", pending.Items[0].ID, "--sas", pending.Items[0].SAS)
+	approved := time.Since(approving)
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatalf("the join approved on listener 1 through listener 3: %v\n%s", err, pendingOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		pendingJoin.Process.Kill()
+		<-joined
+		t.Fatalf("the agent waiting on listener 3 did not finish within 30s of its approval on listener 1:\n%s", pendingOut.String())
+	}
+	t.Logf("figure: a join approved on listener 1 ended on listener 3 %v after the approval began (the approve command took %v)", time.Since(approving).Round(time.Millisecond), approved.Round(time.Millisecond))
+	if n, _ := readNode(t, pendingState); n.Endpoint != eps[2] {
+		t.Fatalf("the approved join recorded endpoint %s, want %s", n.Endpoint, eps[2])
+	}
+
 	// ca rotate on listener 2: listeners 1 and 3 serve the new root.
 	var rotated struct {
 		Fingerprint string `json:"caFingerprint"`
