@@ -48,6 +48,11 @@ func (n *Notifier) Watch(ctx context.Context, key string) (<-chan struct{}, erro
 			delete(n.subs[key], ch)
 			close(ch)
 		}
+		// every pending join watches a key of its own: an ended watch
+		// must not leave its key behind
+		if len(n.subs[key]) == 0 {
+			delete(n.subs, key)
+		}
 	})
 	return ch, nil
 }
@@ -64,6 +69,13 @@ func (n *Notifier) Notify(ops []Op) {
 			}
 		}
 	}
+}
+
+// keys reports how many keys have watchers (tests).
+func (n *Notifier) keys() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.subs)
 }
 
 // CloseAll ends every watch, as a backend's Close does.
