@@ -249,7 +249,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: authority.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	l.limiters.perSecond = cfg.RetryAbove
-	l.burstMem.before = func() { l.burst.Store(false) }
+	l.burstMem.before = l.burstReturned
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store
 	if l.store == nil {
@@ -662,16 +662,32 @@ const burstConns = 64
 // unacknowledged stream data, and a busy agent can be slow.
 const resultGrace = 30 * time.Second
 
-func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
+// connStarted and connEnded account for the connections served at once:
+// a burst's connections, as they end, schedule the return of its memory.
+func (l *Listener) connStarted() {
 	if l.active.Add(1) >= burstConns {
 		l.burst.Store(true)
 	}
-	defer func() {
-		l.active.Add(-1)
-		if l.burst.Load() {
-			l.burstMem.schedule()
-		}
-	}()
+}
+
+func (l *Listener) connEnded() {
+	l.active.Add(-1)
+	if l.burst.Load() {
+		l.burstMem.schedule()
+	}
+}
+
+// burstReturned runs as a burst's memory is returned. Connections still
+// open past burstConns (joins waiting for approval, say) belong to a burst
+// that has not passed: their ends must return memory again, or what they
+// held would stay with the listener after the last of them.
+func (l *Listener) burstReturned() {
+	l.burst.Store(l.active.Load() >= burstConns)
+}
+
+func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
+	l.connStarted()
+	defer l.connEnded()
 	handshakeOf(conn.Context()).release() // Accept returns it handshaken
 	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
