@@ -7,6 +7,16 @@ import (
 	"time"
 )
 
+// wantReturns checks, once every goroutine of the bubble is blocked, that
+// the memory was returned want times.
+func wantReturns(t *testing.T, returned *atomic.Int32, want int32, when string) {
+	t.Helper()
+	synctest.Wait()
+	if got := returned.Load(); got != want {
+		t.Fatalf("returned %d times %s, want %d", got, when, want)
+	}
+}
+
 // TestMemReturnerReturnsOncePerPause: the memory goes back to the OS one
 // second after the last of a burst of schedules, once, and again after
 // the next burst.
@@ -18,26 +28,14 @@ func TestMemReturnerReturnsOncePerPause(t *testing.T) {
 			m.schedule()
 			time.Sleep(500 * time.Millisecond)
 		}
-		synctest.Wait()
-		if returned.Load() != 0 {
-			t.Fatalf("returned %d times during the burst, want 0", returned.Load())
-		}
+		wantReturns(t, &returned, 0, "during the burst")
 		time.Sleep(600 * time.Millisecond)
-		synctest.Wait()
-		if returned.Load() != 1 {
-			t.Fatalf("returned %d times a second after the burst, want 1", returned.Load())
-		}
+		wantReturns(t, &returned, 1, "a second after the burst")
 		time.Sleep(time.Hour)
-		synctest.Wait()
-		if returned.Load() != 1 {
-			t.Fatalf("returned %d times with nothing scheduled, want 1", returned.Load())
-		}
+		wantReturns(t, &returned, 1, "with nothing scheduled")
 		m.schedule()
 		time.Sleep(1100 * time.Millisecond)
-		synctest.Wait()
-		if returned.Load() != 2 {
-			t.Fatalf("returned %d times after a second burst, want 2", returned.Load())
-		}
+		wantReturns(t, &returned, 2, "after a second burst")
 	})
 }
 
@@ -59,25 +57,16 @@ func TestBurstReturnsAfterItsLastConnection(t *testing.T) {
 			l.connEnded()
 		}
 		time.Sleep(1100 * time.Millisecond)
-		synctest.Wait()
-		if returned.Load() != 1 {
-			t.Fatalf("returned %d times a second after ten ended, want 1", returned.Load())
-		}
+		wantReturns(t, &returned, 1, "a second after ten ended")
 		for range 90 {
 			l.connEnded()
 		}
 		time.Sleep(1100 * time.Millisecond)
-		synctest.Wait()
-		if returned.Load() != 2 {
-			t.Fatalf("returned %d times a second after the last ended, want 2", returned.Load())
-		}
+		wantReturns(t, &returned, 2, "a second after the last ended")
 		// a trickle after the burst returns nothing
 		l.connStarted()
 		l.connEnded()
 		time.Sleep(time.Hour)
-		synctest.Wait()
-		if returned.Load() != 2 {
-			t.Fatalf("returned %d times after one more connection, want 2", returned.Load())
-		}
+		wantReturns(t, &returned, 2, "after one more connection")
 	})
 }
