@@ -238,7 +238,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	}
 }
 
-var errStoreWait = errors.New("read the pending join")
+var (
+	errStoreWait        = errors.New("read the pending join")
+	errApprovalTimedOut = errors.New("approval timed out")
+)
 
 // unavailable is the retryable refusal an agent reads when a store call
 // failed; its message names the failure, and never the code.
@@ -267,12 +270,6 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 	defer cancel() // ends the watch
 	expiry := time.NewTimer(deadline.Sub(l.now()))
 	defer expiry.Stop()
-	var poll *time.Ticker
-	defer func() {
-		if poll != nil {
-			poll.Stop()
-		}
-	}()
 	var changed <-chan struct{}
 	for {
 		if changed == nil {
@@ -294,26 +291,23 @@ func (l *Listener) waitDecision(ctx context.Context, joinID string, deadline tim
 		if !j.IsPending() {
 			return nil
 		}
-		var tick <-chan time.Time
+		var poll <-chan time.Time
 		if changed == nil {
-			if poll == nil {
-				poll = time.NewTicker(approvalPoll)
-			}
-			tick = poll.C
+			poll = time.After(approvalPoll)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-expiry.C:
-			return errors.New("approval timed out")
-		case <-tick:
+			return errApprovalTimedOut
+		case <-poll:
 		case _, open := <-changed:
 			if !open {
 				changed = nil // broken: read again and watch anew
 			}
 		}
 		if l.now().After(deadline) {
-			return errors.New("approval timed out")
+			return errApprovalTimedOut
 		}
 	}
 }

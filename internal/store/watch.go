@@ -71,13 +71,6 @@ func (n *Notifier) Notify(ops []Op) {
 	}
 }
 
-// keys reports how many keys have watchers (tests).
-func (n *Notifier) keys() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.subs)
-}
-
 // CloseAll ends every watch, as a backend's Close does.
 func (n *Notifier) CloseAll() {
 	n.mu.Lock()

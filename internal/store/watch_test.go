@@ -6,6 +6,13 @@ import (
 	"testing"
 )
 
+// keys reports how many keys have watchers.
+func (n *Notifier) keys() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.subs)
+}
+
 // A watch that ends leaves nothing of its key behind, and a change of a
 // key wakes its watchers only: a listener watches one key per pending
 // join, so thousands come and go.
