@@ -461,6 +461,10 @@ func retryCause(err error) string {
 	if errors.As(err, &r) {
 		return r.Code
 	}
+	var late *refusedAfterHandshake
+	if errors.As(err, &late) {
+		return "CONNECTION_REFUSED after the handshake"
+	}
 	msg := err.Error()
 	if i := strings.LastIndex(msg, ": "); i >= 0 {
 		msg = msg[i+2:]
@@ -473,6 +477,14 @@ func transient(err error) bool {
 	var r *agent.RefusedError
 	return errors.Is(err, errTransient) || errors.As(err, &u) || (errors.As(err, &r) && r.Retryable())
 }
+
+// refusedAfterHandshake is a connection refused once its handshake had
+// completed, paid for in vain: quic-go does that to a connection no
+// accepter takes in time (see the listener's acceptPool).
+type refusedAfterHandshake struct{ err error }
+
+func (e *refusedAfterHandshake) Error() string { return "after the handshake: " + e.err.Error() }
+func (e *refusedAfterHandshake) Unwrap() error { return e.err }
 
 // join runs one attempt of the machine's join.
 func (a herdAgent) join(ctx context.Context, endpoint string) error {
@@ -514,7 +526,18 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 	}
 	// forty machines to a /24, a rack behind its switch
 	src := net.IPv4(127, byte(20+a.i/(40*250)), byte(a.i/40%250), byte(a.i%40+1))
-	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: a.state, Endpoint: endpoint, Secret: sec, Facts: rep.Facts, Dial: herdDial(src)})
+	// a refusal once the dial returned came after the handshake
+	var dialed atomic.Bool
+	dial := herdDial(src)
+	_, err = agent.Join(ctx, agent.JoinConfig{StateDir: a.state, Endpoint: endpoint, Secret: sec, Facts: rep.Facts, Dial: func(ctx context.Context, ep string, tc *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+		c, err := dial(ctx, ep, tc, qc)
+		dialed.Store(err == nil)
+		return c, err
+	}})
+	var refused *quic.TransportError
+	if dialed.Load() && errors.As(err, &refused) && refused.Remote && refused.ErrorCode == quic.ConnectionRefused {
+		return &refusedAfterHandshake{err}
+	}
 	return err
 }
 

@@ -34,6 +34,7 @@ type admission struct {
 	total     int
 
 	handshakes int // admitted connections whose handshake is in progress
+	accepters  int // accepters waiting for a handshake to complete (see acceptPool)
 
 	joins    atomic.Int64 // join connections being served
 	renewals atomic.Int64 // renewal connections being served
@@ -123,7 +124,11 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 	a.perSource[src]++
 	a.total++
 	a.handshakes++
+	startAccepter := a.needAccepter()
 	a.mu.Unlock()
+	if startAccepter {
+		l.startAccepter()
+	}
 	slot := &handshakeSlot{free: func() {
 		a.mu.Lock()
 		a.handshakes--
@@ -151,6 +156,7 @@ type ConnStats struct {
 	Joins, Renewals int // connections past the handshake, by ALPN
 	Total           int // every admitted connection, handshakes included
 	Handshakes      int // admitted, handshake in progress
+	Accepters       int // waiting for handshakes to complete
 	PerSource       map[string]int
 }
 
@@ -159,7 +165,7 @@ func (l *Listener) ConnStats() ConnStats {
 	a := &l.adm
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := ConnStats{Joins: int(a.joins.Load()), Renewals: int(a.renewals.Load()), Total: a.total, Handshakes: a.handshakes, PerSource: map[string]int{}}
+	s := ConnStats{Joins: int(a.joins.Load()), Renewals: int(a.renewals.Load()), Total: a.total, Handshakes: a.handshakes, Accepters: a.accepters, PerSource: map[string]int{}}
 	for k, v := range a.perSource {
 		s.PerSource[k.String()] = v
 	}

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -144,6 +145,11 @@ type hooks struct {
 	// Accept is called for each new connection: addrVerified is true when
 	// the source proved its address with a Retry.
 	Accept func(addrVerified bool)
+	// Accepted is called as a connection whose handshake completed is
+	// taken from quic-go, before it is served.
+	Accepted func()
+	// AcceptIdle, when set, replaces acceptIdle.
+	AcceptIdle time.Duration
 }
 
 // Listener serves joins, renewals and the admin API.
@@ -181,6 +187,7 @@ type Listener struct {
 	limiters   sourceLimiters
 	leaseQueue leaseQueue
 	adm        admission
+	pool       atomic.Pointer[acceptPool]
 	active     atomic.Int64 // connections being served
 
 	addr net.Addr
@@ -535,6 +542,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	l.addr = pc.LocalAddr()
 
 	g, gctx := errgroup.WithContext(ctx)
+	pool := &acceptPool{ctx: gctx, ln: ln, idle: cmp.Or(l.cfg.hooks.AcceptIdle, acceptIdle)}
+	l.pool.Store(pool)
+	// after g.Wait, which ends gctx and so every accepter's wait
+	defer pool.close()
 	type server interface {
 		run() error
 		Close() error
@@ -612,11 +623,10 @@ func (l *Listener) Run(ctx context.Context) error {
 				}
 				return fmt.Errorf("accept: %w", err)
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				l.serveConn(gctx, conn)
-			}()
+			if h := l.cfg.hooks.Accepted; h != nil {
+				h()
+			}
+			wg.Go(func() { l.serveConn(gctx, conn) })
 		}
 	})
 	return g.Wait()
