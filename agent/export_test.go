@@ -24,3 +24,9 @@ func Exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peer [][]
 	}
 	return exchange(ctx, str, exporter, peer, key, &cfg, attemptClaim{nonce: nonce})
 }
+
+// WithBeforeSave returns cfg with f run before the credentials are written.
+func WithBeforeSave(cfg JoinConfig, f func()) JoinConfig {
+	cfg.beforeSave = f
+	return cfg
+}

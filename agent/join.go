@@ -68,6 +68,13 @@ type JoinConfig struct {
 
 	attestation *tpm.Attestation // the TPM's claim, sent with the Proof
 	csr         []byte           // made before the attestation
+	// lastRead is called once the final Result is read: nothing more
+	// crosses the connection, so Join closes it then, not after the checks
+	// and durable writes that follow (the listener holds a connection
+	// until its agent closes it)
+	lastRead func()
+	// beforeSave, a test hook, runs before the credentials are written
+	beforeSave func()
 }
 
 // Errors a join can end with. RefusedError carries the listener's reason.
@@ -204,6 +211,7 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 	cfg.Endpoints = endpointList(ep, endpointList(cfg.Endpoint, cfg.Endpoints))
 	cfg.Endpoint = ep
 	defer conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "")
+	cfg.lastRead = func() { conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseDone), "") }
 	// quic-go detaches the connection from the dial's context: close it
 	// when ctx ends, or a stop while the join waits for approval would
 	// block on the read until the listener gives up.
@@ -409,6 +417,9 @@ func exchange(ctx context.Context, str io.ReadWriter, exporter []byte, peerCerts
 		case wire.StatusRefused:
 			return nil, refusal(&res)
 		}
+		if cfg.lastRead != nil {
+			cfg.lastRead()
+		}
 		return accept(&res, root, trustDomain, key, cfg)
 	}
 }
@@ -467,6 +478,9 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 		NodeID: res.NodeID, Role: res.Role, Trust: res.Trust, Endpoint: cfg.Endpoint, Endpoints: cfg.Endpoints, TrustDomain: trustDomain,
 		CAFingerprint: pki.FormatFingerprint(fp), NotAfter: leaf.NotAfter, RenewAfter: time.Unix(res.RenewAfter, 0).UTC(),
 		JoinedAt: now, Host: res.Host, TPM: cfg.TPM,
+	}
+	if cfg.beforeSave != nil {
+		cfg.beforeSave()
 	}
 	if err := (State{Dir: cfg.StateDir}).saveCredentials(chain, roots, id, cfg.Secret.Locator); err != nil {
 		return nil, err
