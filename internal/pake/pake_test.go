@@ -2,8 +2,13 @@ package pake
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha512"
 	"errors"
 	"testing"
+
+	"github.com/bytemare/ecc"
+	"github.com/bytemare/opaque/message"
 
 	"github.com/stratumjoin/stratum/internal/wire"
 )
@@ -103,8 +108,68 @@ func TestFakeRecordStable(t *testing.T) {
 	if bytes.Equal(a[:32], c[:32]) {
 		t.Fatal("two unknown locators share an OPRF key")
 	}
-	if !bytes.Equal(k.fakeRecord("ZZ").Serialize(), k.fakeRecord("ZZ").Serialize()) {
-		t.Fatal("fake record not stable")
+	r1, err1 := k.fakeRecord("ZZ")
+	r2, err2 := k.fakeRecord("ZZ")
+	if err1 != nil || err2 != nil || !bytes.Equal(r1, r2) {
+		t.Fatalf("fake record not stable (%v, %v)", err1, err2)
+	}
+}
+
+// TestFakeRecordIsARecord: the fake record, built with the fixed-base
+// multiplication, is byte for byte the record of ecc's generic one (what
+// earlier releases answered with), and decodes as a record.
+func TestFakeRecordIsARecord(t *testing.T) {
+	k, err := GenerateServerKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, locator := range []string{"ZZ", "4F", "Q9"} {
+		got, err := k.fakeRecord(locator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mac := hmac.New(sha512.New, k.fakeSeed)
+		mac.Write([]byte("stratum-join fake record\x00"))
+		mac.Write([]byte(locator))
+		g := ecc.Ristretto255Sha512
+		scalar := g.HashToScalar(mac.Sum(nil)[:32], []byte("stratum-join-fake-v1"))
+		mk := hmac.New(sha512.New, k.fakeSeed)
+		mk.Write([]byte("stratum-join fake masking key\x00"))
+		mk.Write([]byte(locator))
+		want := (&message.RegistrationRecord{ClientPublicKey: g.Base().Multiply(scalar), MaskingKey: mk.Sum(nil), Envelope: make([]byte, 96)}).Serialize()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("fake record for %s:\n got %x\nwant %x", locator, got, want)
+		}
+		srv, err := k.server(nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Deserialize.RegistrationRecord(got); err != nil {
+			t.Fatalf("fake record does not decode: %v", err)
+		}
+	}
+}
+
+// TestDecodeServerKeysChecksTheKeyPair: a key file whose public key is not
+// its private key's is refused when it is loaded, not at the first login.
+func TestDecodeServerKeysChecksTheKeyPair(t *testing.T) {
+	k, err := GenerateServerKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := GenerateServerKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := *k
+	m := *k.material
+	m.PublicKeyBytes = other.material.PublicKeyBytes
+	bad.material = &m
+	if _, err := DecodeServerKeys(k.Encode()); err != nil {
+		t.Fatalf("a good key file: %v", err)
+	}
+	if _, err := DecodeServerKeys(bad.Encode()); err == nil {
+		t.Fatal("a key file with another key's public half was accepted")
 	}
 }
 
