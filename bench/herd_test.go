@@ -58,8 +58,10 @@ type herdResult struct {
 	inProcCPU, procCPU       time.Duration // the agents' CPU, by kind
 	peakRSS, endRSS, settled int           // KiB
 	settledAfter             time.Duration
-	anon, file               int           // KiB of the settled RSS: heap and such, and mapped files (the store)
+	anon, file               int           // KiB of the settled RSS: heap and such, and mapped files (the store, the binary)
+	storePages               int           // KiB of file the settled RSS holds of the store's mapping
 	peakAnon, peakFile       int           // KiB: the largest RssAnon and RssFile sampled during the herd
+	peakStorePages           int           // KiB: the most of the store's mapping sampled resident
 	floorCPU                 time.Duration // the floor server's CPU per exchange, in a wave measured after the herd
 	storeBytes               int64
 	firstFailures            []string
@@ -78,7 +80,7 @@ func (r herdResult) String() string {
 		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
 		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
 		ms(r.listenerCPU/time.Duration(max(1, r.n))), r.floorNote(), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.procCPU/time.Duration(max(1, r.procs))),
-		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB the store's mapped file); at the peak at most %d KiB anonymous and %d KiB mapped; store file %d KiB; retried on %v", r.anon, r.file, r.peakAnon, r.peakFile, r.storeBytes/1024, r.causes)
+		r.peakRSS, r.endRSS, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB of mapped files: %d KiB the store's pages, the rest the binary's); at the peak at most %d KiB anonymous and %d KiB mapped (%d KiB the store's); store file %d KiB; retried on %v", r.anon, r.file, r.storePages, r.peakAnon, r.peakFile, r.peakStorePages, r.storeBytes/1024, r.causes)
 }
 
 // rusage returns the user+system CPU of who (RUSAGE_SELF, RUSAGE_CHILDREN).
@@ -146,6 +148,29 @@ func rssParts(pid int) (anon, file int) {
 		}
 	}
 	return anon, file
+}
+
+// mappedRSS returns the KiB resident of the process's mappings of the
+// file whose name ends with suffix (bbolt maps its whole file once).
+func mappedRSS(pid int, suffix string) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	total, in := 0, false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if !strings.HasSuffix(f[0], ":") {
+			// a mapping's header: address range, perms, offset, dev, inode, path
+			in = len(f) >= 6 && strings.HasSuffix(f[len(f)-1], suffix)
+			continue
+		}
+		if in && f[0] == "Rss:" && len(f) >= 2 {
+			kib, _ := strconv.Atoi(f[1])
+			total += kib
+		}
+	}
+	return total
 }
 
 // joiningAtOnce, when the open-file limit is below what the herd needs,
@@ -248,6 +273,7 @@ func herdSpread(rs []herdResult) string {
 		fig("listener peak RSS MiB", func(r herdResult) float64 { return float64(r.peakRSS) / 1024 }, "%.1f"),
 		fig("listener RSS after MiB", func(r herdResult) float64 { return float64(r.settled) / 1024 }, "%.1f"),
 		fig("of it anonymous MiB", func(r herdResult) float64 { return float64(r.anon) / 1024 }, "%.1f"),
+		fig("of it the store's pages MiB", func(r herdResult) float64 { return float64(r.storePages) / 1024 }, "%.1f"),
 	}...), "; ")
 }
 
@@ -347,14 +373,15 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	}
 	pid := p.cmd.Process.Pid
 	var (
-		wg       sync.WaitGroup
-		failed   atomic.Int64
-		retries  atomic.Int64
-		mu       sync.Mutex
-		peakRSS  atomic.Int64
-		peakAnon atomic.Int64
-		peakFile atomic.Int64
-		stopPoll = make(chan struct{})
+		wg        sync.WaitGroup
+		failed    atomic.Int64
+		retries   atomic.Int64
+		mu        sync.Mutex
+		peakRSS   atomic.Int64
+		peakAnon  atomic.Int64
+		peakFile  atomic.Int64
+		peakStore atomic.Int64
+		stopPoll  = make(chan struct{})
 	)
 	go func() {
 		for {
@@ -367,6 +394,7 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 				anon, file := rssParts(pid)
 				peakAnon.Store(max(peakAnon.Load(), int64(anon)))
 				peakFile.Store(max(peakFile.Load(), int64(file)))
+				peakStore.Store(max(peakStore.Load(), int64(mappedRSS(pid, "state.db"))))
 			}
 		}
 	}()
@@ -444,6 +472,7 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	r.settledAfter = settledAt.Sub(start) - r.elapsed
 	r.anon, r.file = rssParts(pid)
 	r.peakAnon, r.peakFile = int(peakAnon.Load()), int(peakFile.Load())
+	r.storePages, r.peakStorePages = mappedRSS(pid, "state.db"), int(peakStore.Load())
 	if fi, err := os.Stat(filepath.Join(p.data, "state.db")); err == nil {
 		r.storeBytes = fi.Size()
 	}
