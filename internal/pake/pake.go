@@ -191,15 +191,15 @@ func (k *ServerKeys) fakeRecord(locator string) ([]byte, error) {
 	scalar := ecc.Ristretto255Sha512.HashToScalar(sum[:32], []byte("stratum-join-fake-v1"))
 	// the public key by the fixed-base multiplication (its precomputed
 	// table makes it about three times faster than ecc's generic one)
-	var s ristretto255.Scalar
-	if err := s.Decode(scalar.Encode()); err != nil {
+	s, err := ristretto255.NewScalar().SetCanonicalBytes(scalar.Encode())
+	if err != nil {
 		return nil, fmt.Errorf("fake record scalar: %w", err)
 	}
 	mk := hmac.New(sha512.New, k.fakeSeed)
 	mk.Write([]byte("stratum-join fake masking key\x00"))
 	mk.Write([]byte(locator))
 	// a record serialises as public key, masking key, envelope
-	rec := ristretto255.NewElement().ScalarBaseMult(&s).Encode(make([]byte, 0, 32+64+96))
+	rec := append(make([]byte, 0, 32+64+96), ristretto255.NewIdentityElement().ScalarBaseMult(s).Bytes()...)
 	rec = mk.Sum(rec)
 	return append(rec, make([]byte, 96)...), nil
 }
