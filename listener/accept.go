@@ -13,7 +13,7 @@ import (
 // closes the connection with CONNECTION_REFUSED, after both sides paid
 // for the whole handshake. A single accept loop on a busy machine can go
 // unscheduled while more than 32 handshakes complete (a herd of 10,000
-// token joins on two cores lost 28-131 handshakes a run that way), and
+// token joins on two cores lost 12-131 handshakes a run that way), and
 // each refused agent comes back for another handshake. So every admitted
 // handshake makes sure an accepter waits for it: admit starts one whenever
 // fewer wait than handshakes are in progress, and a completed handshake
