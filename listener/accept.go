@@ -88,11 +88,11 @@ func (l *Listener) accept(p *acceptPool) {
 		conn, err := p.ln.Accept(ctx)
 		idle := err != nil && ctx.Err() != nil && p.ctx.Err() == nil
 		cancel()
-		if idle && !l.adm.spareAccepter() {
-			continue
-		}
 		if idle {
-			return
+			if l.adm.spareAccepter() {
+				return
+			}
+			continue
 		}
 		l.adm.accepterLeft()
 		if err != nil {

@@ -57,6 +57,15 @@ func TestEveryCompletedHandshakeIsTaken(t *testing.T) {
 		t.Helper()
 		cancel()
 		release()
+		for {
+			select {
+			case c := <-conns:
+				c.CloseWithError(0, "")
+				continue
+			default:
+			}
+			break
+		}
 		wg.Wait()
 		t.Fatalf(format, args...)
 	}
