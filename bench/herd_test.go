@@ -28,6 +28,7 @@ import (
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/hwid"
 	"github.com/stratumjoin/stratum/internal/joincode"
+	"github.com/stratumjoin/stratum/internal/procmem"
 )
 
 // The service's retry schedule (agent.RunConfig's defaults): a herd's
@@ -148,29 +149,6 @@ func rssParts(pid int) (anon, file int) {
 		}
 	}
 	return anon, file
-}
-
-// mappedRSS returns the KiB resident of the process's mappings of the
-// file whose name ends with suffix (bbolt maps its whole file once).
-func mappedRSS(pid int, suffix string) int {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
-	total, in := 0, false
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		if !strings.HasSuffix(f[0], ":") {
-			// a mapping's header: address range, perms, offset, dev, inode, path
-			in = len(f) >= 6 && strings.HasSuffix(f[len(f)-1], suffix)
-			continue
-		}
-		if in && f[0] == "Rss:" && len(f) >= 2 {
-			kib, _ := strconv.Atoi(f[1])
-			total += kib
-		}
-	}
-	return total
 }
 
 // joiningAtOnce, when the open-file limit is below what the herd needs,
@@ -372,6 +350,7 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		}
 	}
 	pid := p.cmd.Process.Pid
+	storePath := filepath.Join(p.data, "state.db")
 	var (
 		wg        sync.WaitGroup
 		failed    atomic.Int64
@@ -394,7 +373,9 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 				anon, file := rssParts(pid)
 				peakAnon.Store(max(peakAnon.Load(), int64(anon)))
 				peakFile.Store(max(peakFile.Load(), int64(file)))
-				peakStore.Store(max(peakStore.Load(), int64(mappedRSS(pid, "state.db"))))
+				if kib, err := procmem.MappedKiB(pid, storePath); err == nil {
+					peakStore.Store(max(peakStore.Load(), int64(kib)))
+				}
 			}
 		}
 	}()
@@ -472,8 +453,9 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	r.settledAfter = settledAt.Sub(start) - r.elapsed
 	r.anon, r.file = rssParts(pid)
 	r.peakAnon, r.peakFile = int(peakAnon.Load()), int(peakFile.Load())
-	r.storePages, r.peakStorePages = mappedRSS(pid, "state.db"), int(peakStore.Load())
-	if fi, err := os.Stat(filepath.Join(p.data, "state.db")); err == nil {
+	r.storePages, _ = procmem.MappedKiB(pid, storePath)
+	r.peakStorePages = int(peakStore.Load())
+	if fi, err := os.Stat(storePath); err == nil {
 		r.storeBytes = fi.Size()
 	}
 	r.failed, r.retries = failed.Load(), retries.Load()

@@ -1,0 +1,77 @@
+package boltstore_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stratumjoin/stratum/internal/procmem"
+	"github.com/stratumjoin/stratum/internal/store"
+	"github.com/stratumjoin/stratum/internal/store/boltstore"
+)
+
+// TestReleasePagesKeepsEveryValue: after a read of the whole store its
+// file is resident in the mapping; ReleasePages hands those pages back, and
+// every value reads the same after.
+func TestReleasePagesKeepsEveryValue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := boltstore.Open(path, boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	want := map[string][]byte{}
+	for batch := range 40 {
+		var ops []store.Op
+		for i := range 100 {
+			key := fmt.Sprintf("node/%03d-%03d", batch, i)
+			value := bytes.Repeat([]byte{byte(batch), byte(i)}, 300)
+			want[key] = value
+			ops = append(ops, store.Op{Key: key, Value: value})
+		}
+		if _, err := s.Txn(ctx, nil, ops); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readAll := func() {
+		t.Helper()
+		got, err := s.List(ctx, "node/", "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("listed %d values, want %d", len(got), len(want))
+		}
+		for _, kv := range got {
+			if !bytes.Equal(kv.Value, want[kv.Key]) {
+				t.Fatalf("%s reads %d bytes unlike what was written", kv.Key, len(kv.Value))
+			}
+		}
+	}
+	mapped := func() int {
+		t.Helper()
+		kib, err := procmem.MappedKiB(os.Getpid(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kib
+	}
+	readAll()
+	before := mapped()
+	if before < 1024 {
+		t.Fatalf("only %d KiB of the store resident after reading 2.4 MB of values", before)
+	}
+	if err := s.ReleasePages(); err != nil {
+		t.Fatal(err)
+	}
+	after := mapped()
+	if after > before/10 {
+		t.Fatalf("%d KiB of the store still resident after ReleasePages, %d before", after, before)
+	}
+	readAll()
+	t.Logf("resident: %d KiB after a full read, %d KiB after ReleasePages", before, after)
+}
