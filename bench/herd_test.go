@@ -133,24 +133,6 @@ func herdSize(b *testing.B) (n, procs int) {
 	return n, procs
 }
 
-// rssParts returns RssAnon and RssFile in KiB: what the process holds
-// itself, and the pages of files it maps (bbolt maps its store).
-func rssParts(pid int) (anon, file int) {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 {
-			switch f[0] {
-			case "RssAnon:":
-				anon, _ = strconv.Atoi(f[1])
-			case "RssFile:":
-				file, _ = strconv.Atoi(f[1])
-			}
-		}
-	}
-	return anon, file
-}
-
 // joiningAtOnce, when the open-file limit is below what the herd needs,
 // bounds the in-process machines joining at once.
 var joiningAtOnce chan struct{}
@@ -370,9 +352,9 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 			case <-time.After(200 * time.Millisecond):
 				_, peak := rss(pid)
 				peakRSS.Store(int64(peak))
-				anon, file := rssParts(pid)
-				peakAnon.Store(max(peakAnon.Load(), int64(anon)))
-				peakFile.Store(max(peakFile.Load(), int64(file)))
+				st, _ := procmem.ReadStatus(pid)
+				peakAnon.Store(max(peakAnon.Load(), int64(st.Anon)))
+				peakFile.Store(max(peakFile.Load(), int64(st.File)))
 				if kib, err := procmem.MappedKiB(pid, storePath); err == nil {
 					peakStore.Store(max(peakStore.Load(), int64(kib)))
 				}
@@ -451,7 +433,8 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		}
 	}
 	r.settledAfter = settledAt.Sub(start) - r.elapsed
-	r.anon, r.file = rssParts(pid)
+	st, _ := procmem.ReadStatus(pid)
+	r.anon, r.file = st.Anon, st.File
 	r.peakAnon, r.peakFile = int(peakAnon.Load()), int(peakFile.Load())
 	r.storePages, _ = procmem.MappedKiB(pid, storePath)
 	r.peakStorePages = int(peakStore.Load())

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/procmem"
 	"github.com/stratumjoin/stratum/internal/testbin"
 )
 
@@ -122,17 +123,6 @@ func cpu(pid int) time.Duration {
 
 // rss returns VmRSS and VmHWM in KiB.
 func rss(pid int) (cur, peak int) {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 {
-			switch f[0] {
-			case "VmRSS:":
-				cur, _ = strconv.Atoi(f[1])
-			case "VmHWM:":
-				peak, _ = strconv.Atoi(f[1])
-			}
-		}
-	}
-	return
+	st, _ := procmem.ReadStatus(pid)
+	return st.RSS, st.HWM
 }

@@ -49,3 +49,18 @@ func TestMappedKiB(t *testing.T) {
 		t.Fatalf("resident KiB: %d untouched, %d touched (want %d), %d of another path (sum %d)", untouched, touched, size/1024, other, sum)
 	}
 }
+
+// TestReadStatus: this process's own status holds resident memory, the
+// parts add up to at most the whole, and the peak is at least now.
+func TestReadStatus(t *testing.T) {
+	st, err := ReadStatus(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.RSS <= 0 || st.Anon <= 0 || st.File <= 0 || st.HWM < st.RSS || st.Anon+st.File > st.RSS {
+		t.Fatalf("status %+v", st)
+	}
+	if _, err := ReadStatus(-1); err == nil {
+		t.Fatal("status of pid -1 read")
+	}
+}

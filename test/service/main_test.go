@@ -5,7 +5,6 @@
 package service
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratumjoin/stratum/internal/procmem"
 	"github.com/stratumjoin/stratum/internal/testbin"
 )
 
@@ -224,22 +224,11 @@ func (p *proc) output() string {
 // memory reads VmRSS and VmHWM (KiB) from /proc/PID/status.
 func memory(t *testing.T, pid int) (rss, hwm int) {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procmem.ReadStatus(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		var v int
-		if _, err := fmt.Sscanf(s.Text(), "VmRSS: %d kB", &v); err == nil {
-			rss = v
-		}
-		if _, err := fmt.Sscanf(s.Text(), "VmHWM: %d kB", &v); err == nil {
-			hwm = v
-		}
-	}
-	return rss, hwm
+	return st.RSS, st.HWM
 }
 
 // agentStatus runs `stratum-agent status --json`.
