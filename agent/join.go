@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -450,7 +451,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 			roots = append(roots, r)
 		}
 	}
-	leaf, err := pki.VerifyNodeChain(res.CertChain, roots, trustDomain, cfg.Now())
+	leaf, anchors, err := pki.VerifyNodeChainAnchors(res.CertChain, roots, trustDomain, cfg.Now())
 	if err != nil {
 		return nil, fmt.Errorf("listener issued a certificate that does not verify: %w", err)
 	}
@@ -468,7 +469,7 @@ func accept(res *wire.Result, learnedRoot *x509.Certificate, trustDomain string,
 	// and the node certificate chains to it.
 	pinned := learnedRoot
 	for _, r := range bundle {
-		if _, err := pki.VerifyNodeChain(res.CertChain, []*x509.Certificate{r}, trustDomain, cfg.Now()); err == nil {
+		if slices.ContainsFunc(anchors, r.Equal) {
 			pinned = r
 			break
 		}

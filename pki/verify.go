@@ -86,14 +86,31 @@ func spiffeParts(u *url.URL) (trustDomain, path string, err error) {
 // authentication at now, and that the leaf is a node certificate of
 // trustDomain. It returns the leaf; NodeIdentity reads its id and role.
 func VerifyNodeChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (*x509.Certificate, error) {
-	leaf, err := verifyChain(rawCerts, roots, x509.ExtKeyUsageClientAuth, now)
+	leaf, _, err := VerifyNodeChainAnchors(rawCerts, roots, trustDomain, now)
+	return leaf, err
+}
+
+// VerifyNodeChainAnchors is VerifyNodeChain that also returns the roots
+// the chain verified to, each once, in the order of roots: an agent pins
+// the one that issued its certificate without verifying the chain again
+// against each root.
+func VerifyNodeChainAnchors(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (leaf *x509.Certificate, anchors []*x509.Certificate, err error) {
+	leaf, chains, err := verifyChain(rawCerts, roots, x509.ExtKeyUsageClientAuth, now)
 	if err != nil {
-		return nil, fmt.Errorf("verify node: %w", err)
+		return nil, nil, fmt.Errorf("verify node: %w", err)
 	}
 	if _, _, err := NodeIdentity(leaf, trustDomain); err != nil {
-		return nil, fmt.Errorf("verify node: %w", err)
+		return nil, nil, fmt.Errorf("verify node: %w", err)
 	}
-	return leaf, nil
+	for _, r := range roots {
+		for _, c := range chains {
+			if c[len(c)-1].Equal(r) {
+				anchors = append(anchors, r)
+				break
+			}
+		}
+	}
+	return leaf, anchors, nil
 }
 
 // VerifyListenerChain checks the chain a listener presents against roots
@@ -103,7 +120,7 @@ func VerifyNodeChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain s
 // domain, for an agent that does not know it yet; the trust domain found is
 // returned.
 func VerifyListenerChain(rawCerts [][]byte, roots []*x509.Certificate, trustDomain string, now time.Time) (leaf *x509.Certificate, td string, err error) {
-	leaf, err = verifyChain(rawCerts, roots, x509.ExtKeyUsageServerAuth, now)
+	leaf, _, err = verifyChain(rawCerts, roots, x509.ExtKeyUsageServerAuth, now)
 	if err != nil {
 		return nil, "", fmt.Errorf("verify listener: %w", err)
 	}
@@ -120,24 +137,24 @@ func VerifyListenerChain(rawCerts [][]byte, roots []*x509.Certificate, trustDoma
 	return leaf, td, nil
 }
 
-func verifyChain(rawCerts [][]byte, roots []*x509.Certificate, usage x509.ExtKeyUsage, now time.Time) (*x509.Certificate, error) {
+func verifyChain(rawCerts [][]byte, roots []*x509.Certificate, usage x509.ExtKeyUsage, now time.Time) (*x509.Certificate, [][]*x509.Certificate, error) {
 	if len(rawCerts) == 0 {
-		return nil, errors.New("no certificate presented")
+		return nil, nil, errors.New("no certificate presented")
 	}
 	if len(roots) == 0 {
-		return nil, errors.New("no trusted root")
+		return nil, nil, errors.New("no trusted root")
 	}
 	certs := make([]*x509.Certificate, len(rawCerts))
 	for i, raw := range rawCerts {
 		c, err := x509.ParseCertificate(raw)
 		if err != nil {
-			return nil, fmt.Errorf("parse certificate %d: %w", i+1, err)
+			return nil, nil, fmt.Errorf("parse certificate %d: %w", i+1, err)
 		}
 		certs[i] = c
 	}
 	leaf := certs[0]
 	if !leaf.BasicConstraintsValid || leaf.IsCA {
-		return nil, errors.New("leaf is not an end-entity certificate")
+		return nil, nil, errors.New("leaf is not an end-entity certificate")
 	}
 	opts := x509.VerifyOptions{
 		Roots:         x509.NewCertPool(),
@@ -151,8 +168,9 @@ func verifyChain(rawCerts [][]byte, roots []*x509.Certificate, usage x509.ExtKey
 	for _, c := range certs[1:] {
 		opts.Intermediates.AddCert(c)
 	}
-	if _, err := leaf.Verify(opts); err != nil {
-		return nil, err
+	chains, err := leaf.Verify(opts)
+	if err != nil {
+		return nil, nil, err
 	}
-	return leaf, nil
+	return leaf, chains, nil
 }

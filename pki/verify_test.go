@@ -57,3 +57,31 @@ func TestIdentitiesDoNotCross(t *testing.T) {
 		t.Error("an expired node certificate verified")
 	}
 }
+
+// VerifyNodeChainAnchors names the roots the chain verified to, in the
+// order given, and none it did not: an agent pins that root without
+// verifying again per root.
+func TestVerifyNodeChainAnchors(t *testing.T) {
+	ca, other := pkitest.NewCA(t), pkitest.NewCA(t)
+	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
+	nodeID, err := pki.NodeID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeDER, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, roots := range [][]*x509.Certificate{{ca.Root(), other.Root()}, {other.Root(), ca.Root()}} {
+		_, anchors, err := pki.VerifyNodeChainAnchors([][]byte{nodeDER}, roots, pkitest.TrustDomain, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(anchors) != 1 || !anchors[0].Equal(ca.Root()) {
+			t.Errorf("anchors %d, want only the issuing root", len(anchors))
+		}
+	}
+	if _, anchors, err := pki.VerifyNodeChainAnchors([][]byte{nodeDER}, []*x509.Certificate{other.Root()}, pkitest.TrustDomain, time.Now()); err == nil || anchors != nil {
+		t.Errorf("under a foreign root: anchors %d, err %v", len(anchors), err)
+	}
+}
