@@ -21,7 +21,6 @@ import (
 
 	"github.com/quic-go/quic-go"
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/time/rate"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
 	"github.com/stratumjoin/stratum/internal/gcfloor"
@@ -255,7 +254,8 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: authority.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
-	l.limiters.perSecond = cfg.RetryAbove
+	// a rate of packets is a matter of real time, not of the clock secrets expire by
+	l.limiters.perSecond, l.limiters.now = cfg.RetryAbove, time.Now
 	l.burstMem.before = l.burstReturned
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store
@@ -601,7 +601,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.cfg.Ready(l.addr)
 	}
 	g.Go(func() error {
-		l.limiters.sweep(gctx)
+		l.limiters.sweep(gctx, time.Minute)
 		return nil
 	})
 	g.Go(func() error {
@@ -680,11 +680,23 @@ func (l *Listener) connStarted() {
 	}
 }
 
-func (l *Listener) connEnded() {
+func (l *Listener) connEnded(held time.Duration) {
 	l.active.Add(-1)
 	if l.burst.Load() {
-		l.burstMem.schedule()
+		l.burstMem.scheduleHeld(held)
 	}
+}
+
+// closedHold is how long quic-go keeps a connection's state once it is
+// closed: its IDs and a timer, for three probe timeouts (RFC 9002's PTO;
+// twice the initial RTT of 100 ms before any sample).
+func closedHold(conn *quic.Conn) time.Duration {
+	s := conn.ConnectionStats()
+	return ptoHold(s.SmoothedRTT, s.MeanDeviation)
+}
+
+func ptoHold(smoothedRTT, meanDeviation time.Duration) time.Duration {
+	return 3 * max(smoothedRTT+max(4*meanDeviation, time.Millisecond), 200*time.Millisecond)
 }
 
 // burstReturned runs as a burst's memory is returned. Connections still
@@ -693,6 +705,7 @@ func (l *Listener) connEnded() {
 // held would stay with the listener after the last of them.
 func (l *Listener) burstReturned() {
 	l.burst.Store(l.active.Load() >= burstConns)
+	l.limiters.forgetRefilled()
 	l.releaseStorePages()
 }
 
@@ -709,7 +722,7 @@ func (l *Listener) releaseStorePages() {
 
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	l.connStarted()
-	defer l.connEnded()
+	defer func() { l.connEnded(closedHold(conn)) }()
 	handshakeOf(conn.Context()).release() // Accept returns it handshaken
 	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
@@ -766,57 +779,6 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 		l.logger.Debug("join ended", "remote", conn.RemoteAddr().String(), "err", err)
 	}
 	return code
-}
-
-// sourceLimiters asks sources that open connections faster than
-// perSecond to prove their address with a Retry.
-type sourceLimiters struct {
-	perSecond float64
-	mu        sync.Mutex
-	m         map[string]*limiterEntry
-}
-
-type limiterEntry struct {
-	lim  *rate.Limiter
-	seen time.Time
-}
-
-func (s *sourceLimiters) overRate(addr net.Addr) bool {
-	host := addr.String()
-	if ua, ok := addr.(*net.UDPAddr); ok {
-		host = ua.IP.String()
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = map[string]*limiterEntry{}
-	}
-	e := s.m[host]
-	if e == nil {
-		e = &limiterEntry{lim: rate.NewLimiter(rate.Limit(s.perSecond), int(s.perSecond)+1)}
-		s.m[host] = e
-	}
-	e.seen = time.Now()
-	return !e.lim.Allow()
-}
-
-func (s *sourceLimiters) sweep(ctx context.Context) {
-	t := time.NewTicker(time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.mu.Lock()
-			for k, e := range s.m {
-				if time.Since(e.seen) > time.Minute {
-					delete(s.m, k)
-				}
-			}
-			s.mu.Unlock()
-		}
-	}
 }
 
 // StoreTimeout is the deadline of each store call.

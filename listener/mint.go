@@ -71,28 +71,53 @@ const ksfIdle = time.Second
 // mints pause for ksfIdle.
 func (l *Listener) returnKSFMemory() { l.ksfMem.schedule() }
 
-// memReturner hands freed heap back to the OS once, after a pause.
+// memReturner hands freed heap back to the OS once, after a pause, and
+// once more when what others held of it has gone (scheduleHeld).
 type memReturner struct {
 	mu sync.Mutex
 	t  *time.Timer
+	// heldUntil is when others let go of the last of what was scheduled
+	heldUntil time.Time
 	// before, when set, runs just before the memory is returned
 	before func()
 }
 
-func (m *memReturner) schedule() {
+func (m *memReturner) schedule() { m.scheduleHeld(0) }
+
+// scheduleHeld is schedule for something another part goes on holding
+// for held: quic-go keeps a closed connection's IDs, and a timer, for
+// three probe timeouts, up to tens of seconds for connections that waited
+// on a busy peer. The spans those pin are free only then, so until held
+// has passed (and a pause after it) the memory is returned again every
+// heldReturnEvery.
+func (m *memReturner) scheduleHeld(held time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if until := time.Now().Add(held); until.After(m.heldUntil) {
+		m.heldUntil = until
+	}
 	if m.t != nil {
 		m.t.Reset(ksfIdle)
 		return
 	}
-	m.t = time.AfterFunc(ksfIdle, func() {
-		if m.before != nil {
-			m.before()
-		}
-		debug.FreeOSMemory()
-	})
+	m.t = time.AfterFunc(ksfIdle, m.ret)
 }
+
+func (m *memReturner) ret() {
+	if m.before != nil {
+		m.before()
+	}
+	debug.FreeOSMemory()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if wait := time.Until(m.heldUntil); wait > 0 {
+		m.t.Reset(min(wait+ksfIdle, heldReturnEvery))
+	}
+}
+
+// heldReturnEvery spaces the returns while others hold memory: each is a
+// full collection of what is by then a small heap.
+const heldReturnEvery = 10 * time.Second
 
 // Endpoint is the first endpoint agents are told to dial.
 func (l *Listener) Endpoint() string {
