@@ -72,7 +72,7 @@ const ksfIdle = time.Second
 func (l *Listener) returnKSFMemory() { l.ksfMem.schedule() }
 
 // memReturner hands freed heap back to the OS once, after a pause, and
-// once more when what others held of it has gone (scheduleHeld).
+// again until what others hold of it has gone (scheduleHeld).
 type memReturner struct {
 	mu sync.Mutex
 	t  *time.Timer
