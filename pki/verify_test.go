@@ -10,21 +10,28 @@ import (
 	"github.com/stratumjoin/stratum/pki/pkitest"
 )
 
+// issueNode has ca issue a node certificate for a fresh key.
+func issueNode(t *testing.T, ca *authority.CA) (der []byte, nodeID string) {
+	t.Helper()
+	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
+	nodeID, err := pki.NodeID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err = ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der, nodeID
+}
+
 // A node certificate has serverAuth too; the agent's listener check must
 // still refuse it, and the listener's node check must refuse the
 // listener's certificate.
 func TestIdentitiesDoNotCross(t *testing.T) {
 	ca := pkitest.NewCA(t)
 	roots := []*x509.Certificate{ca.Root()}
-	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	nodeID, err := pki.NodeID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeDER, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodeDER, nodeID := issueNode(t, ca)
 	listenerDER, err := ca.IssueListener(pkitest.NewKey(t).Public(), pkitest.TrustDomain, nil, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -63,15 +70,7 @@ func TestIdentitiesDoNotCross(t *testing.T) {
 // verifying again per root.
 func TestVerifyNodeChainAnchors(t *testing.T) {
 	ca, other := pkitest.NewCA(t), pkitest.NewCA(t)
-	csr, _ := pkitest.NewCSR(t, pkitest.CSROptions{})
-	nodeID, err := pki.NodeID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeDER, err := ca.IssueNode(authority.NodeRequest{CSR: csr, NodeID: nodeID, TrustDomain: pkitest.TrustDomain, Role: pki.RoleNode})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodeDER, _ := issueNode(t, ca)
 	for _, roots := range [][]*x509.Certificate{{ca.Root(), other.Root()}, {other.Root(), ca.Root()}} {
 		_, anchors, err := pki.VerifyNodeChainAnchors([][]byte{nodeDER}, roots, pkitest.TrustDomain, time.Now())
 		if err != nil {
