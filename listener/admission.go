@@ -380,18 +380,11 @@ func rateLimitedResult(after time.Duration) *wire.Result {
 
 // sweepBudgets drops the budget entries of sources not seen for a while.
 func (l *Listener) sweepBudgets(ctx context.Context) {
-	t := time.NewTicker(time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if err := l.cluster.SweepBudgets(sctx, l.cfg.BudgetWindow); err != nil {
-				l.logger.Debug("sweep start budgets", "err", err)
-			}
-			cancel()
+	every(ctx, time.Minute, func() {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := l.cluster.SweepBudgets(sctx, l.cfg.BudgetWindow); err != nil {
+			l.logger.Debug("sweep start budgets", "err", err)
 		}
-	}
+	})
 }

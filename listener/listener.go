@@ -601,7 +601,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.cfg.Ready(l.addr)
 	}
 	g.Go(func() error {
-		l.limiters.sweep(gctx, time.Minute)
+		every(gctx, time.Minute, l.limiters.forgetRefilled)
 		return nil
 	})
 	g.Go(func() error {
@@ -630,6 +630,20 @@ func (l *Listener) Run(ctx context.Context) error {
 		}
 	})
 	return g.Wait()
+}
+
+// every calls fn each period until ctx ends.
+func every(ctx context.Context, period time.Duration, fn func()) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
 }
 
 // derivedKey derives a 32-byte transport key from the OPAQUE key file, so

@@ -321,17 +321,8 @@ func (l *Listener) recordFailures(id string, w *failureWindow) {
 // runFailureFlush records ended windows every few seconds until ctx ends,
 // then the rest.
 func (l *Listener) runFailureFlush(ctx context.Context) {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			l.proofFailures.flush(l, true)
-			return
-		case <-t.C:
-			l.proofFailures.flush(l, false)
-		}
-	}
+	every(ctx, 5*time.Second, func() { l.proofFailures.flush(l, false) })
+	l.proofFailures.flush(l, true)
 }
 
 // Ready reports whether the listener can serve joins: its keys are loaded

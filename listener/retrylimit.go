@@ -1,7 +1,6 @@
 package listener
 
 import (
-	"context"
 	"net"
 	"sync"
 	"time"
@@ -58,17 +57,4 @@ func (s *sourceLimiters) forgetRefilled() {
 		}
 	}
 	s.m = kept
-}
-
-func (s *sourceLimiters) sweep(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.forgetRefilled()
-		}
-	}
 }
