@@ -255,7 +255,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	l := &Listener{cfg: cfg, settings: settings, logger: cfg.Logger, now: cfg.Now, keys: authority.KeyDir{Path: filepath.Join(cfg.DataDir, "keys")}, tpm: tpm.NewVerifier(cfg.TPMRoots)}
 	// a rate of packets is a matter of real time, not of the clock secrets expire by
-	l.limiters.perSecond, l.limiters.now = cfg.RetryAbove, time.Now
+	l.limiters.init(cfg.RetryAbove, time.Now)
 	l.burstMem.before = l.burstReturned
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
 	l.store = cfg.Store

@@ -17,8 +17,9 @@ func udpFrom(ip string) net.Addr { return &net.UDPAddr{IP: net.ParseIP(ip), Port
 func TestForgettingRefilledSourcesChangesNoAnswer(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	clock := func() time.Time { return now }
-	forgetful := &sourceLimiters{perSecond: 3, now: clock}
-	keeping := &sourceLimiters{perSecond: 3, now: clock}
+	var forgetful, keeping sourceLimiters
+	forgetful.init(3, clock)
+	keeping.init(3, clock)
 	hosts := []string{"192.0.2.1", "192.0.2.2", "2001:db8::1", "198.51.100.7"}
 	rng := rand.New(rand.NewPCG(1, 2))
 	retries, forgets := 0, 0
@@ -40,13 +41,13 @@ func TestForgettingRefilledSourcesChangesNoAnswer(t *testing.T) {
 	if retries == 0 || retries == 5000 {
 		t.Fatalf("%d of 5000 connections asked for a Retry: the run does not test the limit", retries)
 	}
-	if len(forgetful.m) == 0 {
+	if forgetful.sources.Len() == 0 {
 		t.Fatal("no source was over its rate at the end: the run does not test keeping one")
 	}
 	now = now.Add(2 * time.Second)
 	forgetful.forgetRefilled()
-	if forgetful.m != nil {
-		t.Fatalf("%d sources kept once every allowance refilled", len(forgetful.m))
+	if n := forgetful.sources.Len(); n != 0 {
+		t.Fatalf("%d sources kept once every allowance refilled", n)
 	}
 	t.Logf("%d Retries, %d forgets", retries, forgets)
 }
@@ -56,7 +57,7 @@ func TestForgettingRefilledSourcesChangesNoAnswer(t *testing.T) {
 func TestBurstReturnForgetsRefilledSources(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	l := &Listener{}
-	l.limiters.perSecond, l.limiters.now = 2, func() time.Time { return now }
+	l.limiters.init(2, func() time.Time { return now })
 	for range 3 {
 		l.limiters.overRate(udpFrom("192.0.2.1"))
 	}
@@ -67,8 +68,8 @@ func TestBurstReturnForgetsRefilledSources(t *testing.T) {
 	}
 	now = now.Add(100 * time.Millisecond)
 	l.burstReturned()
-	if len(l.limiters.m) != 2 || l.limiters.m["192.0.2.1"] != nil {
-		t.Fatalf("kept %v, want the two sources whose allowance has not refilled", l.limiters.m)
+	if n := l.limiters.sources.Len(); n != 2 || l.limiters.sources.Has("192.0.2.1") {
+		t.Fatalf("kept %d sources (the refilled one: %v), want the two whose allowance has not refilled", n, l.limiters.sources.Has("192.0.2.1"))
 	}
 	if !l.limiters.overRate(udpFrom("192.0.2.3")) {
 		t.Fatal("a source over its rate was let off the Retry")

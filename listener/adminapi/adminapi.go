@@ -72,6 +72,7 @@ func New(core Core, logger *slog.Logger) *Server {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{core: core, logger: logger, mux: http.NewServeMux(), strict: http.NewServeMux(), limiters: map[string]*rate.Limiter{}}
+	s.authFails.sources.Limit, s.authFails.sources.Burst = rate.Every(authFailEvery), authFailBurst
 	s.routes = s.routeTable()
 	for _, rt := range s.routes {
 		pattern := rt.method + " " + rt.path

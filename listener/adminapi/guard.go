@@ -6,10 +6,9 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/stratumjoin/stratum/internal/sourcelimit"
 )
 
 // Failed API keys are limited per source address: a burst of
@@ -24,9 +23,9 @@ const (
 	authFailSources = 16384
 )
 
+// authFailures holds each source's allowance of failed API keys.
 type authFailures struct {
-	mu sync.Mutex
-	m  map[string]*rate.Limiter
+	sources sourcelimit.Sources
 }
 
 func sourceOf(r *http.Request) string {
@@ -40,13 +39,7 @@ func sourceOf(r *http.Request) string {
 // blocked reports whether the source has spent its failed attempts, and
 // how long until it may try again.
 func (a *authFailures) blocked(src string, now time.Time) (time.Duration, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	lim := a.m[src]
-	if lim == nil {
-		return 0, false
-	}
-	tokens := lim.TokensAt(now)
+	tokens := a.sources.Tokens(src, now)
 	if tokens >= 1 {
 		return 0, false
 	}
@@ -55,24 +48,10 @@ func (a *authFailures) blocked(src string, now time.Time) (time.Duration, bool) 
 
 // failed spends one of the source's failed attempts.
 func (a *authFailures) failed(src string, now time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.m == nil {
-		a.m = map[string]*rate.Limiter{}
+	if !a.sources.Has(src) && a.sources.Len() >= authFailSources {
+		a.sources.ForgetRefilled(now)
 	}
-	lim := a.m[src]
-	if lim == nil {
-		if len(a.m) >= authFailSources {
-			for k, l := range a.m {
-				if l.TokensAt(now) >= authFailBurst {
-					delete(a.m, k)
-				}
-			}
-		}
-		lim = rate.NewLimiter(rate.Every(authFailEvery), authFailBurst)
-		a.m[src] = lim
-	}
-	lim.AllowN(now, 1)
+	a.sources.Spend(src, now)
 }
 
 func errTooManyFailures(wait time.Duration) *apiError {
