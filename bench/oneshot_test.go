@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,11 +162,11 @@ func BenchmarkOneShotJoin(b *testing.B) {
 				k := kinds[ki]
 				var c0 time.Duration
 				if k.pid != 0 {
-					c0 = threadsCPU(k.pid)
+					c0 = cpu(k.pid)
 				}
 				w, c := k.run()
 				if k.pid != 0 {
-					server[ki] += threadsCPU(k.pid) - c0
+					server[ki] += cpu(k.pid) - c0
 				}
 				wall[ki] = append(wall[ki], w...)
 				cpus[ki] = append(cpus[ki], c...)
@@ -233,33 +232,6 @@ func BenchmarkOneShotJoin(b *testing.B) {
 			straceCalls(b, agentOut), straceCalls(b, floorOut))
 	}
 	b.Log("\n" + t.String())
-}
-
-// threadsCPU is the CPU time pid's threads have used, in nanoseconds from
-// their schedstat (the clock ticks of /proc/PID/stat are 10 ms, as long as
-// a join's share); cpu's ticks when schedstat is not there.
-func threadsCPU(pid int) time.Duration {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return cpu(pid)
-	}
-	var sum time.Duration
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
-		if err != nil {
-			return cpu(pid)
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			return cpu(pid)
-		}
-		ns, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return cpu(pid)
-		}
-		sum += time.Duration(ns)
-	}
-	return sum
 }
 
 // spread is "min / median / max" of one figure over the repetitions.

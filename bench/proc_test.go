@@ -1,18 +1,23 @@
 package bench
 
 import (
+	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stratumjoin/stratum/internal/procmem"
 	"github.com/stratumjoin/stratum/internal/testbin"
@@ -24,11 +29,47 @@ func TestMain(m *testing.M) {
 	if os.Getenv("STRATUM_BENCH_FLOOR") != "" {
 		os.Exit(runFloorServer())
 	}
+	if os.Getenv("STRATUM_BENCH_SPIN") != "" {
+		spin()
+		return
+	}
 	flag.Parse()
 	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
 		os.Exit(m.Run()) // no benchmark selected: nothing to build
 	}
 	os.Exit(testbin.Run(m, &binDir, "./cmd/stratum-listener", "./cmd/stratum-agent", "./bench/floorclient"))
+}
+
+// cpu counts a process's CPU to well under a tick, threads that have
+// ended included, and agrees with what the kernel reports once the
+// process is waited for.
+func TestCPUIsTheProcessCPUClock(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "STRATUM_BENCH_SPIN=1")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "spun\n" {
+		t.Fatalf("child said %q: %v", line, err)
+	}
+	running := cpu(cmd.Process.Pid)
+	if running < 600*time.Millisecond || running > 900*time.Millisecond {
+		t.Errorf("cpu of a child that spun two threads 300 ms each, one ended: %v", running)
+	}
+	if running%(10*time.Millisecond) == 0 {
+		t.Errorf("cpu %v is a whole number of ticks: not the CPU clock", running)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	waited := time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
+	if waited < running || waited-running > 20*time.Millisecond {
+		t.Errorf("cpu said %v while the child waited; the kernel's total once it ended is %v", running, waited)
+	}
 }
 
 type proc struct {
@@ -108,8 +149,16 @@ func (p *proc) admin(b *testing.B, args ...string) {
 	}
 }
 
-// cpu returns the user+system CPU time a process has used.
+// cpu returns the CPU time a process has used, its threads' and those
+// that have ended, to the nanosecond: the kernel's CPU clock of the
+// process (clock_gettime of the clock id clock_getcpuclockid(3) makes).
+// The 10 ms ticks of /proc/PID/stat are a block of joins' error bar at
+// these block sizes; they are the fallback where the clock is refused.
 func cpu(pid int) time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(processCPUClock(pid), &ts); err == nil {
+		return time.Duration(ts.Nano())
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
@@ -119,6 +168,35 @@ func cpu(pid int) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// spin is the child of TestCPUIsTheProcessCPUClock: two threads busy
+// for 300 ms of CPU each, one of them ended, then it waits for stdin to
+// close.
+func spin() {
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			runtime.LockOSThread() // the thread ends with the goroutine
+			var ts unix.Timespec
+			for {
+				if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) != nil || ts.Nano() >= 300e6 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("spun")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// processCPUClock is the clock id of pid's CPU time as the kernel encodes
+// it (include/linux/posix-timers.h: the pid inverted, shifted past the
+// three clock bits, CPUCLOCK_SCHED), as glibc's clock_getcpuclockid does.
+func processCPUClock(pid int) int32 {
+	const cpuclockSched = 2
+	return int32(^pid<<3 | cpuclockSched)
 }
 
 // rss returns VmRSS and VmHWM in KiB.
