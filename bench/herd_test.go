@@ -64,7 +64,8 @@ type herdResult struct {
 	storePages               int           // KiB of file the settled RSS holds of the store's mapping
 	peakAnon, peakFile       int           // KiB: the largest RssAnon and RssFile sampled during the herd
 	peakStorePages           int           // KiB: the most of the store's mapping sampled resident
-	floorCPU                 time.Duration // the floor server's CPU per exchange, in a wave measured after the herd
+	floorCPU                 time.Duration // the floor server's CPU per exchange in a wave: the mean of floorBefore and floorAfter
+	floorBefore, floorAfter  time.Duration // the floor measured just before the herd and just after it
 	storeBytes               int64
 	firstFailures            []string
 	causes                   map[string]int // transient failures by kind
@@ -74,7 +75,7 @@ func (r herdResult) floorNote() string {
 	if r.floorCPU == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (floor %s per exchange in a wave of %d after it)", ms(r.floorCPU), herdFloorWidth)
+	return fmt.Sprintf(" (floor %s per exchange in a wave of %d: %s just before the herd, %s just after)", ms(r.floorCPU), herdFloorWidth, ms(r.floorBefore), ms(r.floorAfter))
 }
 
 func (r herdResult) String() string {
@@ -252,13 +253,18 @@ func herdTokens(b *testing.B, n, procs int) herdResult {
 	for i := range agents {
 		agents[i] = herdAgent{i: i, secret: tokens[i], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i < procs}
 	}
+	// the floor in the same run: the bare server's CPU per exchange in a
+	// wave of 256 at once (half the listener's bound on handshakes), just
+	// before the herd and just after it, so a machine whose speed drifts
+	// moves the floor with the herd between them
+	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
+	before := floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
 	r := runHerd(b, p, agents, nil)
 	if r.failed != 0 {
 		b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
 	}
-	// the floor in the same run: the bare server's CPU per exchange in a
-	// wave of 256 at once (half the listener's bound on handshakes)
-	r.floorCPU = floorCPU(b, herdFloorExchanges, herdFloorWidth)
+	r.floorBefore, r.floorAfter = before, floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
+	r.floorCPU = (r.floorBefore + r.floorAfter) / 2
 	return r
 }
 

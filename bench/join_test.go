@@ -113,8 +113,6 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 	return lat, cpu(p.cmd.Process.Pid) - cpu0
 }
 
-// floorCPU runs n floor exchanges, width at a time, against a bare floor
-// server process and returns its CPU per exchange.
 // startFloor runs this test binary as the floor server with env; it
 // serves until the benchmark ends. It returns the process and its address.
 func startFloor(b *testing.B, env ...string) (*exec.Cmd, string) {
@@ -132,14 +130,8 @@ func startFloor(b *testing.B, env ...string) (*exec.Cmd, string) {
 	return floor, strings.TrimSpace(addr)
 }
 
-func floorCPU(b *testing.B, n, width int, env ...string) time.Duration {
-	if len(env) == 0 {
-		env = []string{"STRATUM_BENCH_FLOOR=1"}
-	}
-	floor, addr := startFloor(b, env...)
-	return floorCPUAt(b, floor, addr, n, width)
-}
-
+// floorCPUAt runs n floor exchanges, width at a time, against the floor
+// server floor listening at addr and returns its CPU per exchange.
 func floorCPUAt(b *testing.B, floor *exec.Cmd, addr string, n, width int) time.Duration {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
