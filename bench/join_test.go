@@ -6,16 +6,20 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -266,4 +270,105 @@ func BenchmarkListenerMemory(b *testing.B) {
 	lat, _ := joins(b, p, code, 1000, 1)
 	cur, peak := rss(p.cmd.Process.Pid)
 	b.Logf("listener RSS: %d KiB at start, %d KiB after 1,000 joins (peak %d KiB); join p50 %s p99 %s", before, cur, peak, ms(percentile(lat, .5)), ms(percentile(lat, .99)))
+}
+
+// BenchmarkHeldConnections logs what a join connection waiting on its
+// agent costs the listener, the state most of a herd's connections are in
+// at its peak: n agents finish the handshake and read their Challenge,
+// then hold the connection without sending the Proof, as agents starved
+// of CPU do. It logs the listener's RSS, goroutines and stack memory (its
+// /metrics) before and while they are held, per held connection.
+func BenchmarkHeldConnections(b *testing.B) {
+	const n = 400
+	metrics := freeTCP(b)
+	p := startListenerInit(b, nil, "--retry-above", "100000", "--metrics", metrics)
+	tokens := p.mintTokens(b, n)
+	before, _ := rss(p.cmd.Process.Pid)
+	goBefore, stackBefore := goMetric(b, metrics, "go_goroutines"), goMetric(b, metrics, "go_memstats_stack_inuse_bytes")
+	held := make(chan error, n)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, token := range tokens {
+		wg.Go(func() { holdAtChallenge(p.endpoint, token, held, release) })
+	}
+	defer func() { close(release); wg.Wait() }()
+	for range n {
+		if err := <-held; err != nil {
+			b.Fatal(err)
+		}
+	}
+	// the listener's memory settles once every Challenge has gone out
+	time.Sleep(2 * time.Second)
+	cur, _ := rss(p.cmd.Process.Pid)
+	goHeld, stackHeld := goMetric(b, metrics, "go_goroutines"), goMetric(b, metrics, "go_memstats_stack_inuse_bytes")
+	b.Logf("%d join connections held awaiting their Proof: listener RSS %d KiB before, %d KiB while held: %.1f KiB a connection, of it %.1f KiB of stacks for %.1f goroutines",
+		n, before, cur, float64(cur-before)/n, (stackHeld-stackBefore)/1024/n, (goHeld-goBefore)/n)
+}
+
+// holdAtChallenge joins up to the Challenge, reports on held, and keeps
+// the connection open until release closes.
+func holdAtChallenge(endpoint, token string, held chan<- error, release <-chan struct{}) {
+	sec, err := joincode.Parse(token)
+	if err != nil {
+		held <- err
+		return
+	}
+	ctx := context.Background()
+	conn, err := quic.DialAddr(ctx, endpoint, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13},
+		&quic.Config{HandshakeIdleTimeout: 10 * time.Second, MaxIdleTimeout: time.Minute, KeepAlivePeriod: 5 * time.Second})
+	if err != nil {
+		held <- err
+		return
+	}
+	defer conn.CloseWithError(0, "")
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		held <- err
+		return
+	}
+	exp, err := wire.Exporter(conn.ConnectionState().TLS)
+	if err != nil {
+		held <- err
+		return
+	}
+	_, ke1, err := pake.Start(wire.BindingContext(exp), sec.Locator, sec.Password())
+	if err == nil {
+		err = wire.Write(str, &wire.Hello{Version: wire.Version, Locator: sec.Locator, KE1: ke1})
+	}
+	var ch wire.Challenge
+	if err == nil {
+		err = wire.Read(str, &ch)
+	}
+	held <- err
+	<-release
+}
+
+func freeTCP(tb testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// goMetric reads one unlabelled gauge from the listener's /metrics.
+func goMetric(b *testing.B, addr, name string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return v
+		}
+	}
+	b.Fatalf("/metrics has no %s", name)
+	return 0
 }
