@@ -56,7 +56,7 @@ func TestCPUIsTheProcessCPUClock(t *testing.T) {
 	}
 	running := cpu(cmd.Process.Pid)
 	if running < 600*time.Millisecond || running > 900*time.Millisecond {
-		t.Errorf("cpu of a child that spun two threads 300 ms each, one ended: %v", running)
+		t.Errorf("cpu of a child whose two threads, now ended, spun 300 ms each: %v", running)
 	}
 	if running%(10*time.Millisecond) == 0 {
 		t.Errorf("cpu %v is a whole number of ticks: not the CPU clock", running)
@@ -171,7 +171,7 @@ func cpu(pid int) time.Duration {
 }
 
 // spin is the child of TestCPUIsTheProcessCPUClock: two threads busy
-// for 300 ms of CPU each, one of them ended, then it waits for stdin to
+// for 300 ms of CPU each, which then end, and it waits for stdin to
 // close.
 func spin() {
 	var wg sync.WaitGroup
