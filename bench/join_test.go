@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,17 +27,9 @@ import (
 	"github.com/stratumjoin/stratum/agent"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/testenv"
 	"github.com/stratumjoin/stratum/internal/wire"
 )
-
-func freeUDP(tb testing.TB) string {
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().String()
-}
 
 func percentile(d []time.Duration, p float64) time.Duration {
 	s := append([]time.Duration(nil), d...)
@@ -280,7 +271,7 @@ func BenchmarkListenerMemory(b *testing.B) {
 // /metrics) before and while they are held, per held connection.
 func BenchmarkHeldConnections(b *testing.B) {
 	const n = 400
-	metrics := freeTCP(b)
+	metrics := testenv.FreeTCP(b)
 	p := startListenerInit(b, nil, "--retry-above", "100000", "--metrics", metrics)
 	tokens := p.mintTokens(b, n)
 	before, _ := rss(p.cmd.Process.Pid)
@@ -341,15 +332,6 @@ func holdAtChallenge(endpoint, token string, held chan<- error, release <-chan s
 	}
 	held <- err
 	<-release
-}
-
-func freeTCP(tb testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // goMetric reads one unlabelled gauge from the listener's /metrics.

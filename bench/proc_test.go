@@ -21,6 +21,7 @@ import (
 
 	"github.com/stratumjoin/stratum/internal/procmem"
 	"github.com/stratumjoin/stratum/internal/testbin"
+	"github.com/stratumjoin/stratum/internal/testenv"
 )
 
 var binDir string
@@ -94,7 +95,7 @@ func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *pr
 	b.Helper()
 	sockDir, _ := os.MkdirTemp("/tmp", "sjb")
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &proc{data: filepath.Join(b.TempDir(), "l"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: freeUDP(b)}
+	p := &proc{data: filepath.Join(b.TempDir(), "l"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: testenv.FreeUDP(b)}
 	args := append([]string{"init", "--data", p.data, "--endpoint", p.endpoint}, initArgs...)
 	if out, err := exec.Command(filepath.Join(binDir, "stratum-listener"), args...).CombinedOutput(); err != nil {
 		b.Fatalf("init: %v %s", err, out)

@@ -8,10 +8,12 @@ package testenv
 
 import (
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -63,16 +65,26 @@ func Missing(needRoot bool, tools map[string]string) string {
 // binds port 0, as the tests and etcd running beside this one do.
 func FreeUDP(t testing.TB) string {
 	t.Helper()
+	return freePort(t, "udp", func(addr string) (io.Closer, error) { return net.ListenPacket("udp", addr) })
+}
+
+// FreeTCP is FreeUDP for a TCP address (a metrics or admin endpoint).
+func FreeTCP(t testing.TB) string {
+	t.Helper()
+	return freePort(t, "tcp", func(addr string) (io.Closer, error) { return net.Listen("tcp", addr) })
+}
+
+func freePort(t testing.TB, network string, bind func(addr string) (io.Closer, error)) string {
+	t.Helper()
 	for range 1000 {
-		port := 20000 + mrand.IntN(12000)
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+mrand.IntN(12000))
+		c, err := bind(addr)
 		if err != nil {
 			continue
 		}
-		addr := pc.LocalAddr().String()
-		pc.Close()
+		c.Close()
 		return addr
 	}
-	t.Fatal("no free UDP port in 20000-31999")
+	t.Fatalf("no free %s port in 20000-31999", strings.ToUpper(network))
 	return ""
 }
