@@ -176,8 +176,11 @@ func BenchmarkHerd(b *testing.B) {
 	runs := envInt("STRATUM_HERD_RUNS", 3)
 	codesN := envInt("STRATUM_HERD_CODES", max(1, n/5))
 	var tokens, codes, oneCode []herdResult
+	// one floor server for every run: the bare server's CPU per exchange
+	// in a wave of 256 at once (half the listener's bound on handshakes)
+	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
 	for run := 1; run <= runs; run++ {
-		r := herdTokens(b, n, procs)
+		r := herdTokens(b, n, procs, floor, floorAddr)
 		b.Logf("run %d, tokens: %s", run, r)
 		tokens = append(tokens, r)
 		if codesN > 0 {
@@ -242,8 +245,9 @@ func herdSpread(rs []herdResult) string {
 
 // herdTokens is one herd of n machines, each with a joinTokens token of
 // its own (maxUses 1), as provisioning hands them out: no approval, no
-// per-secret cap. The first procs are real processes.
-func herdTokens(b *testing.B, n, procs int) herdResult {
+// per-secret cap. The first procs are real processes; floor, at
+// floorAddr, is the floor server measured beside it.
+func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string) herdResult {
 	p := startListener(b, false, herdServeArgs...)
 	defer p.stop()
 	tokens := p.mintTokens(b, n)
@@ -253,11 +257,9 @@ func herdTokens(b *testing.B, n, procs int) herdResult {
 	for i := range agents {
 		agents[i] = herdAgent{i: i, secret: tokens[i], root: herdRoot(b, dir, i), state: filepath.Join(dir, "state", strconv.Itoa(i)), process: i < procs}
 	}
-	// the floor in the same run: the bare server's CPU per exchange in a
-	// wave of 256 at once (half the listener's bound on handshakes), just
-	// before the herd and just after it, so a machine whose speed drifts
-	// moves the floor with the herd between them
-	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
+	// the floor in the same run, just before the herd and just after it,
+	// so a machine whose speed drifts moves the floor with the herd
+	// between them
 	before := floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
 	r := runHerd(b, p, agents, nil)
 	if r.failed != 0 {
