@@ -183,19 +183,8 @@ func floorClient(ctx context.Context, addr string, csr []byte) error {
 		return err
 	}
 	defer conn.CloseWithError(0, "")
-	str, err := conn.OpenStreamSync(ctx)
+	str, err := helloChallenge(ctx, conn, "FL", []byte("FL000000000"))
 	if err != nil {
-		return err
-	}
-	_, ke1, err := pake.Start(make([]byte, 46), "FL", []byte("FL000000000"))
-	if err != nil {
-		return err
-	}
-	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: "FL", KE1: ke1}); err != nil {
-		return err
-	}
-	var ch wire.Challenge
-	if err := wire.Read(str, &ch); err != nil {
 		return err
 	}
 	if err := wire.Write(str, &wire.Proof{KE3: make([]byte, pake.KE3Size), CSR: csr}); err != nil {
@@ -203,4 +192,24 @@ func floorClient(ctx context.Context, addr string, csr []byte) error {
 	}
 	var res wire.Result
 	return wire.Read(str, &res)
+}
+
+// helloChallenge opens conn's join stream, sends a Hello for locator and
+// reads the Challenge, the part of an exchange the floor client and the
+// held connections share. Neither checks a KE3, so the KE1 carries no
+// channel binding.
+func helloChallenge(ctx context.Context, conn *quic.Conn, locator string, password []byte) (*quic.Stream, error) {
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return nil, err
+	}
+	_, ke1, err := pake.Start(make([]byte, 46), locator, password)
+	if err != nil {
+		return nil, err
+	}
+	if err := wire.Write(str, &wire.Hello{Version: wire.Version, Locator: locator, KE1: ke1}); err != nil {
+		return nil, err
+	}
+	var ch wire.Challenge
+	return str, wire.Read(str, &ch)
 }

@@ -312,24 +312,7 @@ func holdAtChallenge(endpoint, token string, held chan<- error, release <-chan s
 		return
 	}
 	defer conn.CloseWithError(0, "")
-	str, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		held <- err
-		return
-	}
-	exp, err := wire.Exporter(conn.ConnectionState().TLS)
-	if err != nil {
-		held <- err
-		return
-	}
-	_, ke1, err := pake.Start(wire.BindingContext(exp), sec.Locator, sec.Password())
-	if err == nil {
-		err = wire.Write(str, &wire.Hello{Version: wire.Version, Locator: sec.Locator, KE1: ke1})
-	}
-	var ch wire.Challenge
-	if err == nil {
-		err = wire.Read(str, &ch)
-	}
+	_, err = helloChallenge(ctx, conn, sec.Locator, sec.Password())
 	held <- err
 	<-release
 }
