@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/metrics"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,7 @@ type herdAgent struct {
 	// process: a real `stratum-agent join` process, retried on exit 3;
 	// otherwise agent.Join in this process from its own 127.x.y.z
 	process bool
+	gcs     *atomic.Int64 // counts the collections a process reports
 }
 
 // herdResult is what one herd measured.
@@ -57,6 +59,9 @@ type herdResult struct {
 	lat                      []time.Duration
 	listenerCPU              time.Duration
 	inProcCPU, procCPU       time.Duration // the agents' CPU, by kind
+	inProcGC                 time.Duration // of inProcCPU, this process's garbage collector
+	inProcAlloc              uint64        // bytes this process allocated during the herd
+	procGCs                  int64         // collections the real agent processes made, all together
 	peakRSS, endRSS, settled int           // KiB
 	after5s                  int           // KiB, 5 s after the herd
 	settledAfter             time.Duration
@@ -79,10 +84,11 @@ func (r herdResult) floorNote() string {
 }
 
 func (r herdResult) String() string {
-	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join%s; agent CPU per join %s in-process, %s per process; listener RSS peak %d KiB, %d KiB right after, %d KiB 5s after, %d KiB %s later",
+	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join%s; agent CPU per join %s in-process (%s of it collecting this process's garbage, %d KiB allocated a join), %s per process (%d collections in all %d processes); listener RSS peak %d KiB, %d KiB right after, %d KiB 5s after, %d KiB %s later",
 		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
 		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
-		ms(r.listenerCPU/time.Duration(max(1, r.n))), r.floorNote(), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.procCPU/time.Duration(max(1, r.procs))),
+		ms(r.listenerCPU/time.Duration(max(1, r.n))), r.floorNote(), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.inProcGC/time.Duration(max(1, r.n-r.procs))), r.inProcAlloc/1024/uint64(max(1, r.n-r.procs)),
+		ms(r.procCPU/time.Duration(max(1, r.procs))), r.procGCs, r.procs,
 		r.peakRSS, r.endRSS, r.after5s, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB of mapped files: %d KiB the store's pages, the rest the binary's); at the peak at most %d KiB anonymous and %d KiB mapped (%d KiB the store's); store file %d KiB; retried on %v", r.anon, r.file, r.storePages, r.peakAnon, r.peakFile, r.peakStorePages, r.storeBytes/1024, r.causes)
 }
 
@@ -233,6 +239,9 @@ func herdSpread(rs []herdResult) string {
 		fig("listener CPU ms/join", func(r herdResult) float64 { return float64(r.listenerCPU) / 1e6 / float64(r.n) }, "%.2f"),
 		fig("agent CPU ms/join in-process", func(r herdResult) float64 {
 			return float64(r.inProcCPU) / 1e6 / float64(max(1, r.n-r.procs))
+		}, "%.2f"),
+		fig("of it this process's collector ms/join", func(r herdResult) float64 {
+			return float64(r.inProcGC) / 1e6 / float64(max(1, r.n-r.procs))
 		}, "%.2f"),
 		fig("retries", func(r herdResult) float64 { return float64(r.retries) }, "%.0f"),
 		fig("listener peak RSS MiB", func(r herdResult) float64 { return float64(r.peakRSS) / 1024 }, "%.1f"),
@@ -386,11 +395,14 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		}
 		mu.Unlock()
 	}
+	var procGCs atomic.Int64
+	gc0, alloc0 := gcCPU()
 	cpu0, self0, children0 := cpu(pid), rusage(syscall.RUSAGE_SELF), rusage(syscall.RUSAGE_CHILDREN)
 	start := time.Now()
 	// every machine is powered on at the same instant
 	gate := make(chan struct{})
 	for _, a := range agents {
+		a.gcs = &procGCs
 		wg.Go(func() {
 			<-gate
 			for attempt := 0; ; attempt++ {
@@ -424,6 +436,8 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	// the agent processes are waited for, so they are the children counted;
 	// the listener is not waited for until the end
 	r.inProcCPU, r.procCPU = rusage(syscall.RUSAGE_SELF)-self0, rusage(syscall.RUSAGE_CHILDREN)-children0
+	gc1, alloc1 := gcCPU()
+	r.inProcGC, r.inProcAlloc, r.procGCs = gc1-gc0, alloc1-alloc0, procGCs.Load()
 	stopSide()
 	sideDone.Wait()
 	close(stopPoll)
@@ -506,19 +520,27 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 			}
 		}
 		cmd := exec.CommandContext(ctx, filepath.Join(binDir, "stratum-agent"), "join", "--endpoint", endpoint, "--code-file", file, "--state", a.state, "--root", a.root)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
+		// the runtime reports each collection on stderr: a real agent
+		// process makes none, where the in-process machines share one heap
+		// and its collector (the herd reports both)
+		cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+		var trace bytes.Buffer
+		cmd.Stderr = &trace
 		err := cmd.Run()
+		gcs, stderr := collections(trace.Bytes())
+		if a.gcs != nil {
+			a.gcs.Add(int64(gcs))
+		}
 		var exit *exec.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 3 {
-			if strings.Contains(stderr.String(), "CONNECTION_REFUSED") {
+			if strings.Contains(stderr, "CONNECTION_REFUSED") {
 				// turned away busy: what agent.RetryWait caps
 				return fmt.Errorf("%w: %w", errTransient, &quic.TransportError{ErrorCode: quic.ConnectionRefused, Remote: true})
 			}
 			return errTransient
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+			return fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr))
 		}
 		return nil
 	}
@@ -549,6 +571,36 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 		return &refusedAfterHandshake{err}
 	}
 	return err
+}
+
+// collections splits a process's stderr under GODEBUG=gctrace=1 into the
+// collections it reports and the rest.
+func collections(stderr []byte) (n int, rest string) {
+	var kept []string
+	for line := range strings.SplitSeq(string(stderr), "\n") {
+		if strings.HasPrefix(line, "gc ") && strings.Contains(line, "%:") {
+			n++
+			continue
+		}
+		kept = append(kept, line)
+	}
+	return n, strings.Join(kept, "\n")
+}
+
+// gcCPU is the CPU this process's garbage collector has spent (its
+// background workers, assists and pauses) and the bytes it has allocated.
+func gcCPU() (time.Duration, uint64) {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	var d time.Duration
+	if s[0].Value.Kind() == metrics.KindFloat64 {
+		d = time.Duration(s[0].Value.Float64() * 1e9)
+	}
+	var b uint64
+	if s[1].Value.Kind() == metrics.KindUint64 {
+		b = s[1].Value.Uint64()
+	}
+	return d, b
 }
 
 // herdDial dials from src, as a machine with that address would.
