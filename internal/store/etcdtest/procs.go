@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stratumjoin/stratum/internal/testbin"
+	"github.com/stratumjoin/stratum/internal/testenv"
 )
 
 // ProcOption changes how StartProcs runs its members.
@@ -151,8 +152,8 @@ func StartProcs(t testing.TB, n int, opts ...ProcOption) *Procs {
 	for i := range n {
 		m := &Member{
 			Name:       fmt.Sprintf("m%d", i+1),
-			ClientURL:  scheme + "://" + freeAddr(t),
-			peerListen: freeAddr(t),
+			ClientURL:  scheme + "://" + testenv.FreeTCP(t),
+			peerListen: testenv.FreeTCP(t),
 			procs:      p,
 		}
 		m.DataDir = filepath.Join(p.Dir, m.Name)
@@ -522,15 +523,6 @@ func (p *peerProxy) closeMatching(match func(from string) bool) {
 			delete(p.conns, c)
 		}
 	}
-}
-
-func freeAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // makeCerts writes a test CA, a server certificate for 127.0.0.1 and a
