@@ -4,6 +4,7 @@
 // Challenge timing for live, inactive and unknown secrets, and the herd.
 // A process's CPU is read from its kernel CPU clock, to the nanosecond
 // (the 10 ms ticks of /proc/PID/stat were a tenth of a block of floor
-// exchanges); its one test checks that clock. The rest are benchmarks
+// exchanges); one test checks that clock, another the herd's count of
+// the collections a real agent process makes. The rest are benchmarks
 // that log their figures: `make bench` and `make herd` run them.
 package bench

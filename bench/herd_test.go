@@ -14,7 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/metrics"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -523,7 +525,7 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 		// the runtime reports each collection on stderr: a real agent
 		// process makes none, where the in-process machines share one heap
 		// and its collector (the herd reports both)
-		cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+		cmd.Env = withGCTrace(os.Environ())
 		var trace bytes.Buffer
 		cmd.Stderr = &trace
 		err := cmd.Run()
@@ -585,6 +587,56 @@ func collections(stderr []byte) (n int, rest string) {
 		kept = append(kept, line)
 	}
 	return n, strings.Join(kept, "\n")
+}
+
+// withGCTrace is env with the runtime's trace of collections turned on,
+// beside whatever GODEBUG settings env holds.
+func withGCTrace(env []string) []string {
+	godebug := "gctrace=1"
+	var out []string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			if v != "" {
+				godebug = v + "," + godebug
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "GODEBUG="+godebug)
+}
+
+// collect is the child of TestCollectionsAreCounted: n collections, then
+// a line of its own on stderr.
+func collect(n int) {
+	for range n {
+		runtime.GC()
+	}
+	fmt.Fprintln(os.Stderr, "stratum-agent: CONNECTION_REFUSED")
+}
+
+// The herd counts a process's collections from the runtime's trace, and
+// what the harness matches in the rest of its stderr is left as it was.
+func TestCollectionsAreCounted(t *testing.T) {
+	const n = 3
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = withGCTrace(append(os.Environ(), "GODEBUG=madvdontneed=1", fmt.Sprintf("STRATUM_BENCH_COLLECT=%d", n)))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	got, rest := collections(stderr.Bytes())
+	// the runtime may collect on its own too, never fewer
+	if got < n || got > n+2 {
+		t.Errorf("counted %d collections in a child that forced %d:\n%s", got, n, stderr.String())
+	}
+	if strings.TrimSpace(rest) != "stratum-agent: CONNECTION_REFUSED" {
+		t.Errorf("the rest of the child's stderr: %q", rest)
+	}
+	if env := withGCTrace([]string{"GODEBUG=madvdontneed=1", "HOME=/"}); !slices.Equal(env, []string{"HOME=/", "GODEBUG=madvdontneed=1,gctrace=1"}) {
+		t.Errorf("GODEBUG kept and the trace added: %q", env)
+	}
 }
 
 // gcCPU is the CPU this process's garbage collector has spent (its

@@ -34,6 +34,10 @@ func TestMain(m *testing.M) {
 		spin()
 		return
 	}
+	if n, err := strconv.Atoi(os.Getenv("STRATUM_BENCH_COLLECT")); err == nil {
+		collect(n)
+		return
+	}
 	flag.Parse()
 	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
 		os.Exit(m.Run()) // no benchmark selected: nothing to build
