@@ -50,7 +50,31 @@ type herdAgent struct {
 	// process: a real `stratum-agent join` process, retried on exit 3;
 	// otherwise agent.Join in this process from its own 127.x.y.z
 	process bool
-	gcs     *atomic.Int64 // counts the collections a process reports
+	counts  *herdCounts
+}
+
+// herdCounts is what the machines of one herd count as they join.
+type herdCounts struct {
+	collections atomic.Int64 // reported by the real processes
+	// machines with a join under way (in-process ones once they hold their
+	// descriptors), and the most at once
+	joining, peakJoining atomic.Int64
+}
+
+// begin counts a machine starting a join attempt; the returned func
+// counts it done.
+func (c *herdCounts) begin() func() {
+	if c == nil {
+		return func() {}
+	}
+	n := c.joining.Add(1)
+	for {
+		peak := c.peakJoining.Load()
+		if n <= peak || c.peakJoining.CompareAndSwap(peak, n) {
+			break
+		}
+	}
+	return func() { c.joining.Add(-1) }
 }
 
 // herdResult is what one herd measured.
@@ -64,6 +88,7 @@ type herdResult struct {
 	inProcGC                 time.Duration // of inProcCPU, this process's garbage collector
 	inProcAlloc              uint64        // bytes this process allocated during the herd
 	procGCs                  int64         // collections the real agent processes made, all together
+	peakJoining              int64         // the most machines with a join under way at once
 	peakRSS, endRSS, settled int           // KiB
 	after5s                  int           // KiB, 5 s after the herd
 	settledAfter             time.Duration
@@ -86,12 +111,23 @@ func (r herdResult) floorNote() string {
 }
 
 func (r herdResult) String() string {
-	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join%s; agent CPU per join %s in-process (%s of it collecting this process's garbage, %d KiB allocated a join), %s per process (%d collections in all %d processes); listener RSS peak %d KiB, %d KiB right after, %d KiB 5s after, %d KiB %s later",
+	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join%s; at most %d machines joining at once; agent CPU per join %s, %s per process (%d collections in all %d processes); listener RSS peak %d KiB, %d KiB right after, %d KiB 5s after, %d KiB %s later",
 		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
 		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
-		ms(r.listenerCPU/time.Duration(max(1, r.n))), r.floorNote(), ms(r.inProcCPU/time.Duration(max(1, r.n-r.procs))), ms(r.inProcGC/time.Duration(max(1, r.n-r.procs))), r.inProcAlloc/1024/uint64(max(1, r.n-r.procs)),
+		ms(r.listenerCPU/time.Duration(max(1, r.n))), r.floorNote(), r.peakJoining, r.inProcNote(),
 		ms(r.procCPU/time.Duration(max(1, r.procs))), r.procGCs, r.procs,
 		r.peakRSS, r.endRSS, r.after5s, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB of mapped files: %d KiB the store's pages, the rest the binary's); at the peak at most %d KiB anonymous and %d KiB mapped (%d KiB the store's); store file %d KiB; retried on %v", r.anon, r.file, r.storePages, r.peakAnon, r.peakFile, r.peakStorePages, r.storeBytes/1024, r.causes)
+}
+
+// inProcNote gives what the in-process machines cost a join, if there
+// were any.
+func (r herdResult) inProcNote() string {
+	m := r.n - r.procs
+	if m <= 0 {
+		return "none in-process"
+	}
+	return fmt.Sprintf("%s in-process (%s of it collecting this process's garbage, %d KiB allocated a join)",
+		ms(r.inProcCPU/time.Duration(m)), ms(r.inProcGC/time.Duration(m)), r.inProcAlloc/1024/uint64(m))
 }
 
 // rusage returns the user+system CPU of who (RUSAGE_SELF, RUSAGE_CHILDREN).
@@ -234,17 +270,23 @@ func herdSpread(rs []herdResult) string {
 			}, "%.2fx"),
 		}
 	}
-	return "min / median / max: " + strings.Join(append(floor, []string{
+	var inProc []string
+	if rs[0].n > rs[0].procs {
+		inProc = []string{
+			fig("agent CPU ms/join in-process", func(r herdResult) float64 {
+				return float64(r.inProcCPU) / 1e6 / float64(r.n-r.procs)
+			}, "%.2f"),
+			fig("of it this process's collector ms/join", func(r herdResult) float64 {
+				return float64(r.inProcGC) / 1e6 / float64(r.n-r.procs)
+			}, "%.2f"),
+		}
+	}
+	return "min / median / max: " + strings.Join(append(append(floor, inProc...), []string{
 		fig("joins/s", func(r herdResult) float64 { return float64(r.n) / r.elapsed.Seconds() }, "%.0f"),
 		fig("p50 s", func(r herdResult) float64 { return percentile(r.lat, .5).Seconds() }, "%.2f"),
 		fig("p99 s", func(r herdResult) float64 { return percentile(r.lat, .99).Seconds() }, "%.2f"),
 		fig("listener CPU ms/join", func(r herdResult) float64 { return float64(r.listenerCPU) / 1e6 / float64(r.n) }, "%.2f"),
-		fig("agent CPU ms/join in-process", func(r herdResult) float64 {
-			return float64(r.inProcCPU) / 1e6 / float64(max(1, r.n-r.procs))
-		}, "%.2f"),
-		fig("of it this process's collector ms/join", func(r herdResult) float64 {
-			return float64(r.inProcGC) / 1e6 / float64(max(1, r.n-r.procs))
-		}, "%.2f"),
+		fig("most machines joining at once", func(r herdResult) float64 { return float64(r.peakJoining) }, "%.0f"),
 		fig("retries", func(r herdResult) float64 { return float64(r.retries) }, "%.0f"),
 		fig("listener peak RSS MiB", func(r herdResult) float64 { return float64(r.peakRSS) / 1024 }, "%.1f"),
 		fig("listener RSS 5s after MiB", func(r herdResult) float64 { return float64(r.after5s) / 1024 }, "%.1f"),
@@ -397,14 +439,14 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 		}
 		mu.Unlock()
 	}
-	var procGCs atomic.Int64
+	counts := &herdCounts{}
 	gc0, alloc0 := gcCPU()
 	cpu0, self0, children0 := cpu(pid), rusage(syscall.RUSAGE_SELF), rusage(syscall.RUSAGE_CHILDREN)
 	start := time.Now()
 	// every machine is powered on at the same instant
 	gate := make(chan struct{})
 	for _, a := range agents {
-		a.gcs = &procGCs
+		a.counts = counts
 		wg.Go(func() {
 			<-gate
 			for attempt := 0; ; attempt++ {
@@ -439,7 +481,8 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	// the listener is not waited for until the end
 	r.inProcCPU, r.procCPU = rusage(syscall.RUSAGE_SELF)-self0, rusage(syscall.RUSAGE_CHILDREN)-children0
 	gc1, alloc1 := gcCPU()
-	r.inProcGC, r.inProcAlloc, r.procGCs = gc1-gc0, alloc1-alloc0, procGCs.Load()
+	r.inProcGC, r.inProcAlloc, r.procGCs = gc1-gc0, alloc1-alloc0, counts.collections.Load()
+	r.peakJoining = counts.peakJoining.Load()
 	stopSide()
 	sideDone.Wait()
 	close(stopPoll)
@@ -528,10 +571,12 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 		cmd.Env = withGCTrace(os.Environ())
 		var trace bytes.Buffer
 		cmd.Stderr = &trace
+		done := a.counts.begin()
 		err := cmd.Run()
+		done()
 		gcs, stderr := collections(trace.Bytes())
-		if a.gcs != nil {
-			a.gcs.Add(int64(gcs))
+		if a.counts != nil {
+			a.counts.collections.Add(int64(gcs))
 		}
 		var exit *exec.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 3 {
@@ -550,6 +595,7 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 		joiningAtOnce <- struct{}{}
 		defer func() { <-joiningAtOnce }()
 	}
+	defer a.counts.begin()()
 	sec, err := joincode.Parse(a.secret)
 	if err != nil {
 		return err
