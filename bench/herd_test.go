@@ -50,7 +50,7 @@ type herdAgent struct {
 	// process: a real `stratum-agent join` process, retried on exit 3;
 	// otherwise agent.Join in this process from its own 127.x.y.z
 	process bool
-	counts  *herdCounts
+	counts  *herdCounts // the herd's, set by runHerd
 }
 
 // herdCounts is what the machines of one herd count as they join.
@@ -64,9 +64,6 @@ type herdCounts struct {
 // begin counts a machine starting a join attempt; the returned func
 // counts it done.
 func (c *herdCounts) begin() func() {
-	if c == nil {
-		return func() {}
-	}
 	n := c.joining.Add(1)
 	for {
 		peak := c.peakJoining.Load()
@@ -111,11 +108,11 @@ func (r herdResult) floorNote() string {
 }
 
 func (r herdResult) String() string {
-	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join%s; at most %d machines joining at once; agent CPU per join %s, %s per process (%d collections in all %d processes); listener RSS peak %d KiB, %d KiB right after, %d KiB 5s after, %d KiB %s later",
+	return fmt.Sprintf("%d agents (%d real processes, %d in-process): %d failed, %d transient retries; all done in %s (%.0f joins/s); latency p50 %s p90 %s p99 %s max %s; listener CPU %s per join%s; at most %d machines joining at once; agent CPU per join %s, %s; listener RSS peak %d KiB, %d KiB right after, %d KiB 5s after, %d KiB %s later",
 		r.n, r.procs, r.n-r.procs, r.failed, r.retries, r.elapsed.Round(time.Millisecond), float64(r.n)/r.elapsed.Seconds(),
 		secs(percentile(r.lat, .5)), secs(percentile(r.lat, .9)), secs(percentile(r.lat, .99)), secs(percentile(r.lat, 1)),
 		ms(r.listenerCPU/time.Duration(max(1, r.n))), r.floorNote(), r.peakJoining, r.inProcNote(),
-		ms(r.procCPU/time.Duration(max(1, r.procs))), r.procGCs, r.procs,
+		r.procNote(),
 		r.peakRSS, r.endRSS, r.after5s, r.settled, r.settledAfter.Round(time.Second)) + fmt.Sprintf(" (%d KiB anonymous, %d KiB of mapped files: %d KiB the store's pages, the rest the binary's); at the peak at most %d KiB anonymous and %d KiB mapped (%d KiB the store's); store file %d KiB; retried on %v", r.anon, r.file, r.storePages, r.peakAnon, r.peakFile, r.peakStorePages, r.storeBytes/1024, r.causes)
 }
 
@@ -128,6 +125,15 @@ func (r herdResult) inProcNote() string {
 	}
 	return fmt.Sprintf("%s in-process (%s of it collecting this process's garbage, %d KiB allocated a join)",
 		ms(r.inProcCPU/time.Duration(m)), ms(r.inProcGC/time.Duration(m)), r.inProcAlloc/1024/uint64(m))
+}
+
+// procNote gives what the real agent processes cost a join, if there
+// were any.
+func (r herdResult) procNote() string {
+	if r.procs <= 0 {
+		return "none as processes"
+	}
+	return fmt.Sprintf("%s per process (%d collections in all %d processes)", ms(r.procCPU/time.Duration(r.procs)), r.procGCs, r.procs)
 }
 
 // rusage returns the user+system CPU of who (RUSAGE_SELF, RUSAGE_CHILDREN).
@@ -574,10 +580,10 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 		done := a.counts.begin()
 		err := cmd.Run()
 		done()
-		gcs, stderr := collections(trace.Bytes())
-		if a.counts != nil {
-			a.counts.collections.Add(int64(gcs))
-		}
+		// a trace line may be split around a line of the agent's, never
+		// the agent's line: each is one write
+		stderr := trace.String()
+		a.counts.collections.Add(int64(collections(stderr)))
 		var exit *exec.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 3 {
 			if strings.Contains(stderr, "CONNECTION_REFUSED") {
@@ -621,18 +627,20 @@ func (a herdAgent) join(ctx context.Context, endpoint string) error {
 	return err
 }
 
-// collections splits a process's stderr under GODEBUG=gctrace=1 into the
-// collections it reports and the rest.
-func collections(stderr []byte) (n int, rest string) {
-	var kept []string
-	for line := range strings.SplitSeq(string(stderr), "\n") {
-		if strings.HasPrefix(line, "gc ") && strings.Contains(line, "%:") {
+// collections counts the collections a process reported on stderr under
+// GODEBUG=gctrace=1: the lines that begin "gc ". The runtime writes each
+// trace line in pieces, so the process's own lines can land inside one and
+// a process that exits just after a collection can cut its line short;
+// but each trace begins with its "gc " after a line's end (one trace never
+// interrupts another), and an agent's own lines begin otherwise.
+func collections(stderr string) int {
+	n := 0
+	for line := range strings.SplitSeq(stderr, "\n") {
+		if strings.HasPrefix(line, "gc ") {
 			n++
-			continue
 		}
-		kept = append(kept, line)
 	}
-	return n, strings.Join(kept, "\n")
+	return n
 }
 
 // withGCTrace is env with the runtime's trace of collections turned on,
@@ -662,7 +670,7 @@ func collect(n int) {
 }
 
 // The herd counts a process's collections from the runtime's trace, and
-// what the harness matches in the rest of its stderr is left as it was.
+// what the harness matches in the process's stderr is left whole.
 func TestCollectionsAreCounted(t *testing.T) {
 	const n = 3
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -672,13 +680,13 @@ func TestCollectionsAreCounted(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatal(err)
 	}
-	got, rest := collections(stderr.Bytes())
 	// the runtime may collect on its own too, never fewer
-	if got < n || got > n+2 {
+	if got := collections(stderr.String()); got < n || got > n+2 {
 		t.Errorf("counted %d collections in a child that forced %d:\n%s", got, n, stderr.String())
 	}
-	if strings.TrimSpace(rest) != "stratum-agent: CONNECTION_REFUSED" {
-		t.Errorf("the rest of the child's stderr: %q", rest)
+	// what the harness matches survives the trace written around it
+	if !strings.Contains(stderr.String(), "stratum-agent: CONNECTION_REFUSED\n") {
+		t.Errorf("the child's own line is not whole in its stderr: %q", stderr.String())
 	}
 	if env := withGCTrace([]string{"GODEBUG=madvdontneed=1", "HOME=/"}); !slices.Equal(env, []string{"HOME=/", "GODEBUG=madvdontneed=1,gctrace=1"}) {
 		t.Errorf("GODEBUG kept and the trace added: %q", env)
@@ -690,15 +698,7 @@ func TestCollectionsAreCounted(t *testing.T) {
 func gcCPU() (time.Duration, uint64) {
 	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/heap/allocs:bytes"}}
 	metrics.Read(s)
-	var d time.Duration
-	if s[0].Value.Kind() == metrics.KindFloat64 {
-		d = time.Duration(s[0].Value.Float64() * 1e9)
-	}
-	var b uint64
-	if s[1].Value.Kind() == metrics.KindUint64 {
-		b = s[1].Value.Uint64()
-	}
-	return d, b
+	return time.Duration(s[0].Value.Float64() * 1e9), s[1].Value.Uint64()
 }
 
 // herdDial dials from src, as a machine with that address would.
