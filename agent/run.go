@@ -316,8 +316,9 @@ func runJoin(ctx context.Context, cfg *RunConfig) (Identity, error) {
 }
 
 // BusyMax caps the wait after a listener turned the agent away for
-// being busy: it refused the connection at its first packet (past
-// --max-handshakes) or closed it for want of a slot. Such a refusal costs
+// being busy: it refused the connection at its first packet (past its
+// bound on everything in flight, or past --max-handshakes on a socket where
+// it cannot drop the packet instead) or closed it for want of a slot. Such a refusal costs
 // the listener microseconds, and it frees slots at the rate it serves, so
 // waits that kept doubling to minutes would leave it idle while a herd's
 // last machines sleep.

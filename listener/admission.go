@@ -34,7 +34,13 @@ type admission struct {
 	total     int
 
 	handshakes int // admitted connections whose handshake is in progress
-	accepters  int // accepters waiting for a handshake to complete (see acceptPool)
+	// full mirrors handshakes >= MaxHandshakes for the socket's reads,
+	// which drop new connections' Initials while it holds (dropInitial);
+	// sources counts the admitted connections by address and port, whose
+	// Initials pass.
+	full      atomic.Bool
+	sources   map[netip.AddrPort]int
+	accepters int // accepters waiting for a handshake to complete (see acceptPool)
 
 	joins    atomic.Int64 // join connections being served
 	renewals atomic.Int64 // renewal connections being served
@@ -97,11 +103,12 @@ func sourceAddr(a net.Addr) netip.Addr {
 // past a hard bound on everything in flight (joins, renewals and
 // handshakes). The slot is freed when the connection ends.
 func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
-	src := sourceAddr(ci.RemoteAddr)
+	src, srcPort := sourceAddr(ci.RemoteAddr), sourceAddrPort(ci.RemoteAddr)
 	a := &l.adm
 	a.mu.Lock()
 	if a.perSource == nil {
 		a.perSource = map[netip.Addr]int{}
+		a.sources = map[netip.AddrPort]int{}
 	}
 	hard := 2 * (l.cfg.MaxConnections + l.cfg.MaxRenewals)
 	if a.total >= hard {
@@ -112,18 +119,21 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 		a.mu.Unlock()
 		return nil, errSourceShare
 	}
-	// Past the handshake bound a connection is refused at its first
-	// packet, for a few microseconds, and its agent backs off: quic-go
-	// runs every admitted handshake at once, so admitting it would slow
-	// all of them until they time out together and a herd makes no
-	// progress at all.
-	if max := l.cfg.MaxHandshakes; max > 0 && a.handshakes >= max {
+	// Past the handshake bound the socket drops new connections'
+	// Initials (dropInitial), and the one that got here before the bound
+	// filled is refused at its first packet: quic-go runs every admitted
+	// handshake at once, so admitting it would slow all of them until
+	// they time out together and a herd makes no progress at all.
+	max := l.cfg.MaxHandshakes
+	if max > 0 && a.handshakes >= max {
 		a.mu.Unlock()
 		return nil, errBusy
 	}
 	a.perSource[src]++
+	a.sources[srcPort]++
 	a.total++
 	a.handshakes++
+	a.full.Store(max > 0 && a.handshakes >= max)
 	startAccepter := a.needAccepter()
 	a.mu.Unlock()
 	if startAccepter {
@@ -132,6 +142,7 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 	slot := &handshakeSlot{free: func() {
 		a.mu.Lock()
 		a.handshakes--
+		a.full.Store(max > 0 && a.handshakes >= max)
 		a.mu.Unlock()
 	}}
 	ctx = context.WithValue(ctx, handshakeKey{}, slot)
@@ -142,6 +153,9 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 		a.total--
 		if a.perSource[src]--; a.perSource[src] <= 0 {
 			delete(a.perSource, src)
+		}
+		if a.sources[srcPort]--; a.sources[srcPort] <= 0 {
+			delete(a.sources, srcPort)
 		}
 		a.mu.Unlock()
 	})

@@ -7,8 +7,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -442,17 +444,11 @@ func TestPendingResultAnnouncesTheHold(t *testing.T) {
 	}
 }
 
-// TestHandshakeBoundRefusesAtTheFirstPacket: with the handshake bound
-// held by a handshake in progress, a join is refused at once (not left
-// to time out), and once that handshake completes the bound admits the
-// next join.
-func TestHandshakeBoundRefusesAtTheFirstPacket(t *testing.T) {
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6}})
-	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(2)})
-
-	// a client that stops in the middle of its handshake: it holds the
-	// listener's one handshake slot until it is let go
-	release := make(chan struct{})
+// stallHandshake holds one of l's handshake slots with a client that
+// stops in the middle of its handshake until release closes; the returned
+// channel reports how that handshake ended.
+func stallHandshake(t *testing.T, l *listenertest.Listener, release <-chan struct{}) <-chan error {
+	t.Helper()
 	held := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -472,25 +468,78 @@ func TestHandshakeBoundRefusesAtTheFirstPacket(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling for the condition above
 	}
+	return held
+}
 
-	start := time.Now()
-	_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: 15 * time.Second})
-	var unreachable *agent.UnreachableError
-	var te *quic.TransportError
-	if !errors.As(err, &unreachable) || !errors.As(err, &te) || te.ErrorCode != quic.ConnectionRefused || !te.Remote {
-		t.Fatalf("join past the handshake bound: %v, want the listener's CONNECTION_REFUSED", err)
+// TestHandshakeBoundHoldsNewConnections: with the handshake bound held by
+// a handshake in progress, a join's Initial packets are dropped unanswered
+// (not refused: a refused agent would pay for a new connection), its QUIC
+// stack sends them again, and once the held handshake completes one of
+// them is admitted and the join completes.
+func TestHandshakeBoundHoldsNewConnections(t *testing.T) {
+	dropped := make(chan struct{}, 100)
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6, MetricsListen: "127.0.0.1:0"},
+		listener.Hooks{Dropped: func() {
+			select {
+			case dropped <- struct{}{}:
+			default:
+			}
+		}})})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(2)})
+	release := make(chan struct{})
+	held := stallHandshake(t, l, release)
+
+	joined := make(chan error, 1)
+	go func() {
+		_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: 15 * time.Second})
+		joined <- err
+	}()
+	// the first Initial and one sent again: the agent is waiting, not refused
+	for i := range 2 {
+		select {
+		case <-dropped:
+		case err := <-joined:
+			t.Fatalf("join past the handshake bound ended before %d of its Initials were dropped: %v", i+1, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d Initials dropped in 10s, want 2", i)
+		}
 	}
-	t.Logf("refused after %s", time.Since(start).Round(time.Millisecond))
-
 	close(release)
 	if err := <-held; err != nil {
 		t.Fatalf("the stalled handshake, let go: %v", err)
 	}
-	for l.ConnStats().Handshakes != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the completed handshake still holds its slot: %+v", l.ConnStats())
+	if err := <-joined; err != nil {
+		t.Fatalf("join held past the bound, once it is free: %v", err)
+	}
+	_, body := get(t, "http://"+l.MetricsAddr().String()+"/metrics")
+	var n float64
+	for line := range strings.SplitSeq(body, "\n") {
+		if v, ok := strings.CutPrefix(line, "stratum_listener_initials_dropped_total "); ok {
+			fmt.Sscan(v, &n)
 		}
-		time.Sleep(5 * time.Millisecond) // polling for the condition above
+	}
+	if n < 2 {
+		t.Fatalf("stratum_listener_initials_dropped_total %v, want at least the 2 seen", n)
+	}
+}
+
+// TestHandshakeBoundOutlastsTheDial: a join whose Initials are dropped for
+// longer than its dial timeout fails as unreachable (worth retrying), not
+// as refused.
+func TestHandshakeBoundOutlastsTheDial(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	release := make(chan struct{})
+	held := stallHandshake(t, l, release)
+	_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: time.Second})
+	var unreachable *agent.UnreachableError
+	var te *quic.TransportError
+	if !errors.As(err, &unreachable) || errors.As(err, &te) {
+		t.Fatalf("join past the handshake bound for longer than its dial: %v, want unreachable without a transport error", err)
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatalf("the stalled handshake, let go: %v", err)
 	}
 	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
 		t.Fatalf("join once the bound is free: %v", err)

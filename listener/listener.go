@@ -62,10 +62,12 @@ type Config struct {
 	// so the listener's memory stays bounded under a herd.
 	MaxConnections int
 	// MaxHandshakes bounds the handshakes in progress at once (default 256
-	// per CPU; negative: no bound). Past it a new connection is refused at
-	// its first packet and its agent backs off, so a herd is served at the
-	// rate the CPUs allow instead of every handshake slowing past its
-	// timeout.
+	// per CPU; negative: no bound). Past it the Initial packets of new
+	// connections are dropped unanswered and their agents' QUIC stacks
+	// send them again until a slot frees (on a PacketConn that is not a
+	// *net.UDPConn they are refused at the first packet instead), so a
+	// herd is served at the rate the CPUs allow instead of every
+	// handshake slowing past its timeout.
 	MaxHandshakes int
 	// GCHeadroomMiB is how far the heap may grow between garbage
 	// collections while the live heap is smaller than that (package
@@ -149,6 +151,8 @@ type hooks struct {
 	Accepted func()
 	// AcceptIdle, when set, replaces acceptIdle.
 	AcceptIdle time.Duration
+	// Dropped is called for each Initial dropped past the handshake bound.
+	Dropped func()
 }
 
 // Listener serves joins, renewals and the admin API.
@@ -485,10 +489,14 @@ func (l *Listener) Run(ctx context.Context) error {
 		pc = udp
 	}
 	defer pc.Close()
+	conn := pc
+	if udp, ok := pc.(*net.UDPConn); ok && l.cfg.MaxHandshakes > 0 {
+		conn = newGatedConn(udp, l.dropInitial)
+	}
 	resetKey := quic.StatelessResetKey(resetRaw)
 	tokenKey := quic.TokenGeneratorKey(tokenRaw)
 	tr := &quic.Transport{
-		Conn:              pc,
+		Conn:              conn,
 		StatelessResetKey: &resetKey,
 		TokenGeneratorKey: &tokenKey,
 		VerifySourceAddress: func(addr net.Addr) bool {

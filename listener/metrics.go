@@ -52,6 +52,7 @@ type metrics struct {
 	storeErrors  *prometheus.CounterVec
 	conns        *prometheus.CounterVec
 	retries      prometheus.Counter
+	dropped      prometheus.Counter
 }
 
 func newMetrics(active func() float64) *metrics {
@@ -95,8 +96,11 @@ func newMetrics(active func() float64) *metrics {
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stratum_listener_quic_retries_total", Help: "QUIC Retry packets asked of sources opening connections faster than --retry-above.",
 		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stratum_listener_initials_dropped_total", Help: "QUIC Initial packets of new connections dropped unanswered while --max-handshakes handshakes were in progress (each agent sends its Initial again until admitted).",
+		}),
 	}
-	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries,
+	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.dropped,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stratum_listener_connections", Help: "QUIC connections being served."}, active),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outcomeJoined, outcomePending, outcomeRefused, outcomeFailedProof, outcomeAbandoned, outcomeError} {

@@ -242,7 +242,7 @@ func serveCommand() *cobra.Command {
 	etcd.register(cmd.Flags())
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "join connections served at once; agents beyond it back off and retry")
-	cmd.Flags().IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "QUIC handshakes in progress at once; past it new connections are refused at their first packet and agents back off (-1: no bound; default 256 per CPU)")
+	cmd.Flags().IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "QUIC handshakes in progress at once; past it the first packets of new connections are dropped unanswered and agents send them again until one is admitted (-1: no bound; default 256 per CPU)")
 	cmd.Flags().IntVar(&cfg.GCHeadroomMiB, "gc-headroom", gcfloor.DefaultHeadroom>>20, "MiB the heap may grow between garbage collections while the live heap is smaller (0: GOGC's doubling alone; GOGC or GOMEMLIMIT in the environment override it)")
 	cmd.Flags().IntVar(&cfg.MaxRenewals, "max-renewals", 512, "renewal connections served at once, apart from joins")
 	cmd.Flags().IntVar(&cfg.PerSourceConnections, "connections-per-source", 64, "connections one source address may hold at once (-1: no share)")
