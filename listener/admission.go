@@ -86,16 +86,19 @@ func handshakeOf(ctx context.Context) *handshakeSlot {
 // arrives at once.
 func defaultMaxHandshakes() int { return 256 * runtime.GOMAXPROCS(0) }
 
-func sourceAddr(a net.Addr) netip.Addr {
+func sourceAddr(a net.Addr) netip.Addr { return sourceAddrPort(a).Addr() }
+
+// sourceAddrPort is a's address, unmapped from IPv6, and port.
+func sourceAddrPort(a net.Addr) netip.AddrPort {
 	if ua, ok := a.(*net.UDPAddr); ok {
 		ip, _ := netip.AddrFromSlice(ua.IP)
-		return ip.Unmap()
+		return netip.AddrPortFrom(ip.Unmap(), uint16(ua.Port))
 	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
-		return netip.Addr{}
+		return netip.AddrPort{}
 	}
-	return ap.Addr().Unmap()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 // admit runs before the handshake, when the ALPN is not known yet. It
@@ -124,8 +127,8 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 	// filled is refused at its first packet: quic-go runs every admitted
 	// handshake at once, so admitting it would slow all of them until
 	// they time out together and a herd makes no progress at all.
-	max := l.cfg.MaxHandshakes
-	if max > 0 && a.handshakes >= max {
+	bound := l.cfg.MaxHandshakes
+	if bound > 0 && a.handshakes >= bound {
 		a.mu.Unlock()
 		return nil, errBusy
 	}
@@ -133,7 +136,7 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 	a.sources[srcPort]++
 	a.total++
 	a.handshakes++
-	a.full.Store(max > 0 && a.handshakes >= max)
+	a.full.Store(bound > 0 && a.handshakes >= bound)
 	startAccepter := a.needAccepter()
 	a.mu.Unlock()
 	if startAccepter {
@@ -142,7 +145,7 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 	slot := &handshakeSlot{free: func() {
 		a.mu.Lock()
 		a.handshakes--
-		a.full.Store(max > 0 && a.handshakes >= max)
+		a.full.Store(bound > 0 && a.handshakes >= bound)
 		a.mu.Unlock()
 	}}
 	ctx = context.WithValue(ctx, handshakeKey{}, slot)

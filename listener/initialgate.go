@@ -3,7 +3,6 @@ package listener
 import (
 	"encoding/binary"
 	"net"
-	"net/netip"
 
 	"golang.org/x/net/ipv4"
 )
@@ -124,13 +123,4 @@ func (l *Listener) dropInitial(packet []byte, from net.Addr) bool {
 		h()
 	}
 	return true
-}
-
-func sourceAddrPort(a net.Addr) netip.AddrPort {
-	if ua, ok := a.(*net.UDPAddr); ok {
-		ap := ua.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
