@@ -13,7 +13,7 @@ import (
 // listener little, but each refused agent then makes a new connection: a
 // new TLS key share, and for `stratum-agent join` a new process. On a
 // machine its agents share, a herd of 10,000 token joins fell into refusal
-// storms that way (9,000-15,000 refusals, p99 48-61 s against 31-38 s in
+// storms that way (1,800-15,000 refusals, p99 47-61 s against 31-36 s in
 // the runs without one). A dropped Initial is sent again by the agent's
 // QUIC stack on its probe timer, the same packet with the same key share,
 // at intervals that double, so a waiting agent costs next to nothing and is
