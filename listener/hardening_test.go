@@ -541,6 +541,13 @@ func TestHandshakeBoundOutlastsTheDial(t *testing.T) {
 	if err := <-held; err != nil {
 		t.Fatalf("the stalled handshake, let go: %v", err)
 	}
+	deadline := time.Now().Add(20 * time.Second)
+	for l.ConnStats().Handshakes != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the completed handshake still holds its slot: %+v", l.ConnStats())
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the condition above
+	}
 	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
 		t.Fatalf("join once the bound is free: %v", err)
 	}

@@ -41,19 +41,19 @@ func newGatedConn(c *net.UDPConn, drop func([]byte, net.Addr) bool) *gatedConn {
 func (c *gatedConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	for {
 		n, err := c.batch.ReadBatch(ms, flags)
-		if err != nil || n == 0 {
+		if err != nil || n == 0 || !uniform(ms[:n]) {
+			// buffers of another shape than quic-go's: the batch as
+			// read, rather than a packet lost in a move
 			return n, err
 		}
 		kept := 0
 		for i := range n {
 			m := &ms[i]
-			if len(m.Buffers) == 1 && c.drop(m.Buffers[0][:m.N], m.Addr) {
+			if c.drop(m.Buffers[0][:m.N], m.Addr) {
 				continue
 			}
-			if kept != i && !moveMessage(&ms[kept], m) {
-				// buffers of another shape than quic-go's: keep the
-				// batch as read rather than lose a packet
-				return n, nil
+			if kept != i {
+				moveMessage(&ms[kept], m)
 			}
 			kept++
 		}
@@ -63,16 +63,24 @@ func (c *gatedConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	}
 }
 
-// moveMessage copies src's packet into dst's buffers; false when they do
-// not fit (never with quic-go's equal buffers).
-func moveMessage(dst, src *ipv4.Message) bool {
-	if len(dst.Buffers) != 1 || len(src.Buffers) != 1 || len(dst.Buffers[0]) < src.N || len(dst.OOB) < src.NN {
-		return false
+// uniform reports whether every message has one buffer, all of the same
+// size, and OOB buffers of the same size, as quic-go's do: then any
+// message's packet fits in any other's place.
+func uniform(ms []ipv4.Message) bool {
+	for _, m := range ms {
+		if len(m.Buffers) != 1 || len(m.Buffers[0]) != len(ms[0].Buffers[0]) || len(m.OOB) != len(ms[0].OOB) {
+			return false
+		}
 	}
+	return true
+}
+
+// moveMessage copies src's packet into dst's buffers, which uniform found
+// as large.
+func moveMessage(dst, src *ipv4.Message) {
 	dst.N = copy(dst.Buffers[0], src.Buffers[0][:src.N])
 	dst.NN = copy(dst.OOB, src.OOB[:src.NN])
 	dst.Flags, dst.Addr = src.Flags, src.Addr
-	return true
 }
 
 // QUIC versions whose Initial packets the gate knows (RFC 9000, RFC 9369).

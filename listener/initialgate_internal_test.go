@@ -147,3 +147,41 @@ func TestDropInitialOnlyWhenFull(t *testing.T) {
 		}
 	}
 }
+
+// TestGatedConnKeepsOddBatches: buffers of another shape than quic-go's
+// (here of two sizes) are returned as read, dropped packets included,
+// rather than moved where one might not fit.
+func TestGatedConnKeepsOddBatches(t *testing.T) {
+	server, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	client, err := net.DialUDP("udp", nil, server.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	gc := newGatedConn(server, func(p []byte, _ net.Addr) bool { return bytes.HasPrefix(p, []byte("drop")) })
+	sent := []string{"drop 0", "keep 1"}
+	for _, p := range sent {
+		if _, err := client.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms := []ipv4.Message{{Buffers: [][]byte{make([]byte, 1500)}}, {Buffers: [][]byte{make([]byte, 64)}}}
+	server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var got []string
+	for len(got) < len(sent) {
+		n, err := gc.ReadBatch(ms, 0)
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		for i := range n {
+			got = append(got, string(ms[i].Buffers[0][:ms[i].N]))
+		}
+	}
+	if !slices.Equal(got, sent) {
+		t.Fatalf("read %q, want %q as sent", got, sent)
+	}
+}
