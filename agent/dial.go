@@ -19,6 +19,15 @@ import (
 // code no attempt.
 const FailoverDelay = 1500 * time.Millisecond
 
+// DefaultDialTimeout is how long the agent waits for a listener's QUIC
+// handshake. A busy listener holds new connections in its backlog, first
+// come first served, for up to 25 s before it lets them in (a fleet of
+// 10,000 machines booting at once needs about 30 s of two cores): an agent
+// that gave up sooner would come back as a new connection at the back of
+// the queue. A listener that is down is passed over after FailoverDelay
+// when there are others.
+const DefaultDialTimeout = 30 * time.Second
+
 // SplitEndpoints reads a list of endpoints separated by commas or spaces,
 // as STRATUM_ENDPOINT holds them.
 func SplitEndpoints(s string) []string {

@@ -54,7 +54,7 @@ type JoinConfig struct {
 	// with the join's short authentication string, checked against the
 	// agent's own.
 	OnPending func(Pending)
-	// DialTimeout bounds reaching the listener (default 10s).
+	// DialTimeout bounds reaching the listener (default DefaultDialTimeout).
 	DialTimeout time.Duration
 	// Dial overrides the QUIC dial (tests use it to dial through a relay).
 	Dial func(ctx context.Context, endpoint string, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error)
@@ -126,7 +126,7 @@ func (c *JoinConfig) defaults() {
 		c.Now = time.Now
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = 10 * time.Second
+		c.DialTimeout = DefaultDialTimeout
 	}
 	if c.ResultTimeout == 0 {
 		c.ResultTimeout = 2 * time.Minute

@@ -20,7 +20,7 @@ import (
 type RenewConfig struct {
 	StateDir string
 	Now      func() time.Time
-	// DialTimeout bounds reaching the listener (default 10s); Timeout
+	// DialTimeout bounds reaching the listener (default DefaultDialTimeout); Timeout
 	// bounds the exchange that follows (default 1m), so a listener that
 	// accepts and then hangs cannot stall the service loop.
 	DialTimeout time.Duration
@@ -110,7 +110,7 @@ func openNode(ctx context.Context, cfg *RenewConfig) (ns nodeSession, err error)
 		cfg.Now = time.Now
 	}
 	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
+		cfg.DialTimeout = DefaultDialTimeout
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = time.Minute

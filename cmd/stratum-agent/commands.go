@@ -164,6 +164,9 @@ func joinCommand() *cobra.Command {
 			if len(eps) == 0 {
 				return usage("--endpoint (or STRATUM_ENDPOINT) is required")
 			}
+			if cfg.DialTimeout <= 0 {
+				return usage("--dial-timeout must be positive, not %s", cfg.DialTimeout)
+			}
 			cfg.Endpoint, cfg.Endpoints = eps[0], eps[1:]
 			// no core dump or ptrace peer may see the code
 			if err := agent.ProtectSecrets(); err != nil {
@@ -206,6 +209,7 @@ func joinCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.StateDir, "state", "/var/lib/stratum-agent", "state directory (0700)")
 	cmd.Flags().StringVar(&cfg.CAFingerprint, "ca-fingerprint", "", "SHA-256 of the cluster root CA; the join fails if the listener proves another (default $STRATUM_CA_FINGERPRINT)")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "log debug detail to stderr (never the code)")
+	cmd.Flags().DurationVar(&cfg.DialTimeout, "dial-timeout", agent.DefaultDialTimeout, "how long to wait for a listener's handshake before exiting 3 (a busy listener holds new connections in its backlog for up to 25s)")
 	hw.register(cmd)
 	tf.register(cmd)
 	return cmd

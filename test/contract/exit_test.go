@@ -213,6 +213,8 @@ func TestExitContract(t *testing.T) {
 		// --- usage (2) ---
 		{name: "agent unknown command", bin: "stratum-agent", args: []string{"jion"}, want: 2, say: []string{`unknown command "jion"`, `did you mean "join"`}},
 		{name: "agent unknown flag", bin: "stratum-agent", args: []string{"join", "--endpiont", "x"}, want: 2, say: []string{"--endpiont"}},
+		{name: "agent dial timeout not a duration", bin: "stratum-agent", args: []string{"join", "--endpoint", unreachable, "--dial-timeout", "soon", "--code-file", goodFile, "--state", state()}, want: 2, say: []string{"--dial-timeout"}},
+		{name: "agent dial timeout not positive", bin: "stratum-agent", args: []string{"join", "--endpoint", unreachable, "--dial-timeout", "0s", "--code-file", goodFile, "--state", state()}, want: 2, say: []string{"--dial-timeout must be positive"}},
 		{name: "agent extra argument", bin: "stratum-agent", args: []string{"status", "extra"}, want: 2},
 		{name: "agent join without endpoint", bin: "stratum-agent", args: []string{"join", "--code-file", goodFile, "--state", state()}, want: 2, say: []string{"--endpoint"}},
 		{name: "agent run without endpoint", bin: "stratum-agent", args: []string{"run", "--code-file", goodFile, "--state", state()}, want: 2, say: []string{"--endpoint"}, unit: "stratum-agent.service"},
@@ -250,7 +252,7 @@ func TestExitContract(t *testing.T) {
 
 		// --- transient (3) ---
 		{name: "agent unreachable, default port", bin: "stratum-agent", args: []string{"join", "--code-file", goodFile, "--state", state()}, opts: runOpts{env: []string{"STRATUM_ENDPOINT=127.0.0.2"}}, want: 3, say: []string{"127.0.0.2:9444", "could not reach"}},
-		{name: "agent unreachable", bin: "stratum-agent", args: []string{"join", "--endpoint", unreachable, "--code-file", goodFile, "--state", state()}, want: 3, say: []string{unreachable}},
+		{name: "agent unreachable", bin: "stratum-agent", args: []string{"join", "--endpoint", unreachable, "--dial-timeout", "2s", "--code-file", goodFile, "--state", state()}, want: 3, say: []string{unreachable}},
 		{name: "listener not running", bin: "stratum-listener", args: []string{"--admin-socket", missingSock, "codes", "list"}, want: 3, say: []string{missingSock, "no listener is running"}, never: []string{"http://"}},
 		{name: "listener not running, from env", bin: "stratum-listener", args: []string{"nodes", "list"}, opts: runOpts{env: []string{"STRATUM_ADMIN_SOCKET=" + missingSock}}, want: 3, say: []string{missingSock}},
 
