@@ -59,7 +59,7 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		return Open(path, Options{})
+		return Open(path, Options{ReleasePagesAfter: DefaultReleasePagesAfter})
 	})
 }
 
@@ -88,7 +88,22 @@ type Options struct {
 	Timeout time.Duration
 	// ReadOnly opens an existing file without writing it (store check).
 	ReadOnly bool
+	// ReleasePagesAfter, when positive, hands the pages read through the
+	// file's mapping back (ReleasePages) this long after a write: a burst
+	// of writes then keeps only what it touched lately mapped. The store
+	// URL's opener sets DefaultReleasePagesAfter.
+	ReleasePagesAfter time.Duration
 }
+
+// DefaultReleasePagesAfter is the listener's ReleasePagesAfter. Each
+// page a read faults in maps the cached pages around it too (the kernel's
+// fault-around, 64 KiB, which bbolt's MADV_RANDOM does not turn off), so a
+// herd's joins map some ten 64 KiB runs each: released every second, the
+// mapping of a 66 MB store held 52 MiB during a 10,000-token herd, every
+// 250 ms 40 MiB. Minting 10,000 tokens left 40 MiB mapped with no join to
+// release them. A release of 60 MiB of resident pages takes about 3 ms
+// and mapping a page again 0.3 us, so ten a second cost under 1 % of a CPU.
+const DefaultReleasePagesAfter = 100 * time.Millisecond
 
 // Store is a store.Store on one bbolt file.
 type Store struct {
@@ -99,6 +114,11 @@ type Store struct {
 	// the file is in this process, since bbolt locks it.
 	watch store.Notifier
 	group groupCommit
+	// written wakes releasePagesAfterWrites after a commit; stopRelease
+	// ends it, and released is closed when it has ended.
+	written     chan struct{}
+	stopRelease chan struct{}
+	released    chan struct{}
 }
 
 var (
@@ -163,11 +183,51 @@ func Open(path string, opts Options) (*Store, error) {
 		_ = s.db.Close()
 		return nil, fmt.Errorf("initialise store file %s: %w", path, store.NameSpace(err))
 	}
+	if opts.ReleasePagesAfter > 0 {
+		s.written, s.stopRelease, s.released = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go s.releasePagesAfterWrites(opts.ReleasePagesAfter)
+	}
 	return s, nil
+}
+
+// releasePagesAfterWrites hands the mapped pages back after each burst of
+// writes, at most once every after.
+func (s *Store) releasePagesAfterWrites(after time.Duration) {
+	defer close(s.released)
+	for {
+		select {
+		case <-s.stopRelease:
+			return
+		case <-s.written:
+		}
+		t := time.NewTimer(after)
+		select {
+		case <-s.stopRelease:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		_ = s.ReleasePages() // fails only on a closed file, or a damaged one the next read reports
+	}
+}
+
+// wrote tells releasePagesAfterWrites of a commit.
+func (s *Store) wrote() {
+	if s.written == nil {
+		return
+	}
+	select {
+	case s.written <- struct{}{}:
+	default: // a release is due already
+	}
 }
 
 // Close releases the file and its lock.
 func (s *Store) Close() error {
+	if s.stopRelease != nil {
+		close(s.stopRelease)
+		<-s.released
+	}
 	s.watch.CloseAll()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store file: %w", err)
@@ -312,6 +372,7 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 	switch {
 	case err == nil:
 		s.watch.Notify(ops)
+		s.wrote()
 		return true, nil
 	case errors.Is(err, errNoWrites):
 		return true, nil

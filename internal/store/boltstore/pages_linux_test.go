@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stratumjoin/stratum/internal/procmem"
 	"github.com/stratumjoin/stratum/internal/store"
@@ -74,4 +75,58 @@ func TestReleasePagesKeepsEveryValue(t *testing.T) {
 	}
 	readAll()
 	t.Logf("resident: %d KiB after a full read, %d KiB after ReleasePages", before, after)
+}
+
+// TestReleasePagesAfterWrites: a store opened with ReleasePagesAfter hands
+// the pages back by itself once written to, so reads through the mapping
+// between writes do not stay resident; Close ends the releases.
+func TestReleasePagesAfterWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := boltstore.Open(path, boltstore.Options{ReleasePagesAfter: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	value := bytes.Repeat([]byte{7}, 600)
+	for batch := range 40 {
+		var ops []store.Op
+		for i := range 100 {
+			ops = append(ops, store.Op{Key: fmt.Sprintf("node/%03d-%03d", batch, i), Value: value})
+		}
+		if _, err := s.Txn(ctx, nil, ops); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mapped := func() int {
+		t.Helper()
+		kib, err := procmem.MappedKiB(os.Getpid(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kib
+	}
+	// a full read maps the file; the next write schedules a release
+	if got, err := s.List(ctx, "node/", "", 0); err != nil || len(got) != 4000 {
+		t.Fatalf("listed %d values: %v", len(got), err)
+	}
+	read := mapped()
+	if read < 1024 {
+		t.Fatalf("only %d KiB of the store resident after reading 2.4 MB of values", read)
+	}
+	if _, err := s.Txn(ctx, nil, []store.Op{{Key: "last", Value: []byte("x")}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for mapped() > read/10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d KiB of the store still resident 10 s after a write, %d after the read", mapped(), read)
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the release
+	}
+	if kv, err := s.Get(ctx, "node/039-099"); err != nil || !bytes.Equal(kv.Value, value) {
+		t.Fatalf("a value read after the release: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
