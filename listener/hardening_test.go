@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -472,19 +473,11 @@ func stallHandshake(t *testing.T, l *listenertest.Listener, release <-chan struc
 }
 
 // TestHandshakeBoundHoldsNewConnections: with the handshake bound held by
-// a handshake in progress, a join's Initial packets are dropped unanswered
-// (not refused: a refused agent would pay for a new connection), its QUIC
-// stack sends them again, and once the held handshake completes one of
-// them is admitted and the join completes.
+// a handshake in progress, a join waits in the backlog, unanswered (not
+// refused: a refused agent would pay for a new connection), and once the
+// held handshake completes it is let in and the join completes.
 func TestHandshakeBoundHoldsNewConnections(t *testing.T) {
-	dropped := make(chan struct{}, 100)
-	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6, MetricsListen: "127.0.0.1:0"},
-		listener.Hooks{Dropped: func() {
-			select {
-			case dropped <- struct{}{}:
-			default:
-			}
-		}})})
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6, MetricsListen: "127.0.0.1:0"}})
 	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(2)})
 	release := make(chan struct{})
 	held := stallHandshake(t, l, release)
@@ -494,16 +487,14 @@ func TestHandshakeBoundHoldsNewConnections(t *testing.T) {
 		_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec, DialTimeout: 15 * time.Second})
 		joined <- err
 	}()
-	// the first Initial and one sent again: the agent is waiting, not refused
-	for i := range 2 {
+	waitFor(t, "the join waiting in the backlog", func() bool {
 		select {
-		case <-dropped:
 		case err := <-joined:
-			t.Fatalf("join past the handshake bound ended before %d of its Initials were dropped: %v", i+1, err)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%d Initials dropped in 10s, want 2", i)
+			t.Fatalf("join past the handshake bound ended before it waited: %v", err)
+		default:
 		}
-	}
+		return l.ConnStats().Backlog == 1
+	})
 	close(release)
 	if err := <-held; err != nil {
 		t.Fatalf("the stalled handshake, let go: %v", err)
@@ -512,22 +503,84 @@ func TestHandshakeBoundHoldsNewConnections(t *testing.T) {
 		t.Fatalf("join held past the bound, once it is free: %v", err)
 	}
 	_, body := get(t, "http://"+l.MetricsAddr().String()+"/metrics")
-	var n float64
+	counts := map[string]float64{}
 	for line := range strings.SplitSeq(body, "\n") {
-		if v, ok := strings.CutPrefix(line, "stratum_listener_initials_dropped_total "); ok {
-			fmt.Sscan(v, &n)
+		for _, name := range []string{"stratum_listener_backlog_held_total", "stratum_listener_backlog_let_in_total", "stratum_listener_initials_dropped_total"} {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				var n float64
+				fmt.Sscan(v, &n)
+				counts[name] = n
+			}
 		}
 	}
-	if n < 2 {
-		t.Fatalf("stratum_listener_initials_dropped_total %v, want at least the 2 seen", n)
+	if counts["stratum_listener_backlog_held_total"] != 1 || counts["stratum_listener_backlog_let_in_total"] != 1 || counts["stratum_listener_initials_dropped_total"] != 0 {
+		t.Fatalf("backlog metrics %v, want one held and let in, none dropped", counts)
 	}
 }
 
-// TestHandshakeBoundOutlastsTheDial: a join whose Initials are dropped for
-// longer than its dial timeout fails as unreachable (worth retrying), not
-// as refused.
+// TestBacklogIsFirstComeFirstServed: past the bound on connections at
+// work, waiting joins are let in in the order they came.
+func TestBacklogIsFirstComeFirstServed(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxActive: 1, PerSourceConnections: -1, RetryAbove: 1e6}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(4)})
+	release := make(chan struct{})
+	held := stallHandshake(t, l, release)
+	done := make(chan int, 3)
+	for i := range 3 {
+		go func() {
+			_, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec})
+			if err != nil {
+				t.Errorf("join %d: %v", i, err)
+			}
+			done <- i
+		}()
+		waitFor(t, fmt.Sprintf("join %d waiting", i), func() bool { return l.ConnStats().Backlog == i+1 })
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatalf("the stalled handshake, let go: %v", err)
+	}
+	var order []int
+	for range 3 {
+		select {
+		case i := <-done:
+			order = append(order, i)
+		case <-time.After(60 * time.Second):
+			t.Fatalf("joins done %v after 60s", order)
+		}
+	}
+	if !slices.Equal(order, []int{0, 1, 2}) {
+		t.Fatalf("joins completed in the order %v, want the order they came in", order)
+	}
+}
+
+// TestApprovalWaitIsNotAtWork: a join waiting for an approval keeps its
+// connection but not its place among the connections at work, so with
+// room for one, another machine joins meanwhile.
+func TestApprovalWaitIsNotAtWork(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxActive: 1, PerSourceConnections: -1, RetryAbove: 1e6}})
+	held, _ := mint(t, l, adminapi.MintCodeRequest{MaxUses: uses(1)})
+	free, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true, MaxUses: uses(1)})
+	waiting := startJoin(t, l, held, filepath.Join(t.TempDir(), "held"), wire.Facts{})
+	joinID := waiting.waitPending(t)
+	if st := l.ConnStats(); st.AwaitingApproval != 1 || st.Total != 1 {
+		t.Fatalf("stats %+v, want the one connection awaiting approval", st)
+	}
+	if _, err := startJoin(t, l, free, filepath.Join(t.TempDir(), "free"), wire.Facts{}).wait(t); err != nil {
+		t.Fatalf("join beside one awaiting approval, with room for one at work: %v", err)
+	}
+	decide(t, l, joinID, true)
+	if _, err := waiting.wait(t); err != nil {
+		t.Fatalf("approved join: %v", err)
+	}
+}
+
+// TestHandshakeBoundOutlastsTheDial: a join that waits in the backlog
+// for longer than its dial timeout fails as unreachable (worth retrying),
+// not as refused; once it has waited longer than the backlog's wait it is
+// never let in, so the next join finds the bound free.
 func TestHandshakeBoundOutlastsTheDial(t *testing.T) {
-	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6}})
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxHandshakes: 1, PerSourceConnections: -1, RetryAbove: 1e6, BacklogWait: time.Second}})
 	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
 	release := make(chan struct{})
 	held := stallHandshake(t, l, release)

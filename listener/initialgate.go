@@ -2,23 +2,27 @@ package listener
 
 import (
 	"encoding/binary"
+	"errors"
 	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
 
 	"golang.org/x/net/ipv4"
 )
 
-// Past the handshake bound the listener drops the Initial packets that
-// would open new connections, unanswered, as a kernel drops the SYNs of a
-// full accept queue. Refusing them instead (CONNECTION_REFUSED) costs the
-// listener little, but each refused agent then makes a new connection: a
-// new TLS key share, and for `stratum-agent join` a new process. On a
-// machine its agents share, a herd of 10,000 token joins fell into refusal
-// storms that way (1,800-15,000 refusals, p99 47-61 s against 31-36 s in
-// the runs without one). A dropped Initial is sent again by the agent's
-// QUIC stack on its probe timer, the same packet with the same key share,
-// at intervals that double, so a waiting agent costs next to nothing and is
-// admitted by the first Initial that arrives once a slot is free; its
-// handshake timeout (10 s) ends the wait when none frees.
+// Past its bounds (connections at work, handshakes in progress) the
+// listener lets no new connection start: the first datagrams of new
+// connections wait in its backlog (backlog.go) and are handed to quic-go,
+// first come first served, as room frees. A full backlog drops them
+// unanswered, as a kernel drops the SYNs of a full accept queue: the
+// agent's QUIC stack sends them again on its probe timer. Refusing them
+// (CONNECTION_REFUSED) would cost the listener little, but each refused
+// agent would come back as a new connection: a new TLS key share, and for
+// `stratum-agent join` a new process; a herd of 10,000 token joins on two
+// cores fell into refusal storms that way (1,800-15,000 refusals, p99
+// 47-61 s against 31-36 s in the runs without one).
 
 // gatedConn is the listener's UDP socket with the gate in its reads. It
 // keeps every method of *net.UDPConn, so quic-go still reads in batches
@@ -27,21 +31,119 @@ import (
 type gatedConn struct {
 	*net.UDPConn
 	batch *ipv4.PacketConn
-	drop  func(packet []byte, from net.Addr) bool
+	// pass decides a datagram read from the socket: true hands it to
+	// quic-go; false means the gate kept it (in the backlog) or dropped it.
+	pass func(d heldDatagram) bool
+
+	mu    sync.Mutex
+	ready []heldDatagram // let in from the backlog, for the next read
+	// readDeadline is the deadline quic-go set; woken means a wake-up's
+	// deadline (in the past) stands in for it until a read consumes it.
+	readDeadline time.Time
+	woken        bool
+	// reading, when set, is called as a read goes to the socket (tests).
+	reading func()
 }
 
-func newGatedConn(c *net.UDPConn, drop func([]byte, net.Addr) bool) *gatedConn {
-	return &gatedConn{UDPConn: c, batch: ipv4.NewPacketConn(c), drop: drop}
+func newGatedConn(c *net.UDPConn, pass func(heldDatagram) bool) *gatedConn {
+	return &gatedConn{UDPConn: c, batch: ipv4.NewPacketConn(c), pass: pass}
+}
+
+// letIn hands datagrams from the backlog to quic-go: the next read returns
+// them, and a read blocked on the socket now is woken for them.
+func (c *gatedConn) letIn(ds []heldDatagram) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ready = append(c.ready, ds...)
+	if !c.woken {
+		c.woken = true
+		_ = c.UDPConn.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// SetReadDeadline keeps quic-go's deadline apart from a wake-up's: it is
+// the one in force again once the read that the wake-up ended returns.
+func (c *gatedConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.readDeadline = t
+	if c.woken {
+		return nil
+	}
+	return c.UDPConn.SetReadDeadline(t)
+}
+
+// SetDeadline is SetReadDeadline and the socket's write deadline.
+func (c *gatedConn) SetDeadline(t time.Time) error {
+	if err := c.UDPConn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.SetReadDeadline(t)
+}
+
+// wokeUp reports whether err is a read ended by letIn's wake-up, and puts
+// quic-go's own deadline back in force; a deadline of quic-go's (it sets
+// one to stop reading when it closes) is its error.
+func (c *gatedConn) wokeUp(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.woken {
+		return false
+	}
+	c.woken = false
+	_ = c.UDPConn.SetReadDeadline(c.readDeadline)
+	return true
+}
+
+// takeReady moves datagrams let in from the backlog into ms, in order, as
+// many as fit; it returns how many.
+func (c *gatedConn) takeReady(ms []ipv4.Message) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for n < len(ms) && len(c.ready) > 0 {
+		d := c.ready[0]
+		c.ready[0] = heldDatagram{}
+		c.ready = c.ready[1:]
+		m := &ms[n]
+		if len(m.Buffers) == 0 || len(m.Buffers[0]) < len(d.data) || len(m.OOB) < len(d.oob) {
+			continue // never with quic-go's buffers, which read it first
+		}
+		m.N = copy(m.Buffers[0], d.data)
+		m.NN = copy(m.OOB, d.oob)
+		m.Flags, m.Addr = d.flags, d.from
+		n++
+	}
+	if len(c.ready) == 0 {
+		c.ready = nil
+	}
+	return n
 }
 
 // ReadBatch reads as ipv4.PacketConn does and leaves out the packets the
-// gate drops. A kept packet moves into a dropped one's place by copying
-// its bytes: quic-go hands each message's buffer on with the message at
-// the same index, so the buffers must stay where they are.
+// gate keeps or drops; datagrams let in from the backlog come first. A
+// kept packet moves into a dropped one's place by copying its bytes:
+// quic-go hands each message's buffer on with the message at the same
+// index, so the buffers must stay where they are.
 func (c *gatedConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 	for {
+		if n := c.takeReady(ms); n > 0 {
+			return n, nil
+		}
+		if c.reading != nil {
+			c.reading()
+		}
 		n, err := c.batch.ReadBatch(ms, flags)
-		if err != nil || n == 0 || !uniform(ms[:n]) {
+		if err != nil {
+			if c.wokeUp(err) {
+				continue
+			}
+			return n, err
+		}
+		if n == 0 || !uniform(ms[:n]) {
 			// buffers of another shape than quic-go's: the batch as
 			// read, rather than a packet lost in a move
 			return n, err
@@ -49,7 +151,7 @@ func (c *gatedConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
 		kept := 0
 		for i := range n {
 			m := &ms[i]
-			if c.drop(m.Buffers[0][:m.N], m.Addr) {
+			if !c.pass(heldDatagram{data: m.Buffers[0][:m.N], oob: m.OOB[:m.NN], flags: m.Flags, from: m.Addr}) {
 				continue
 			}
 			if kept != i {
@@ -108,27 +210,158 @@ func isInitial(packet []byte) bool {
 	return false
 }
 
-// dropInitial is the listener's gate: while the handshake bound is full, an
-// Initial from a source address no admitted connection has is dropped.
-// The Initials of an admitted handshake (a ClientHello spans two, and
-// either may be sent again) come from its own address and pass. A second
-// Initial read before quic-go admitted the first of its connection can be
-// dropped too; it is sent again within a probe interval.
-func (l *Listener) dropInitial(packet []byte, from net.Addr) bool {
+// passInitial is the listener's gate. Datagrams that open no new
+// connection pass: anything but an Initial, and the Initials of a
+// connection that is admitted or let in (a ClientHello spans two, and
+// either may be sent again). A new connection's first Initial passes while
+// there is room and nobody waits before it, and takes a place among the
+// connections at work at once, so a batch of Initials read together
+// cannot overshoot the bounds; otherwise it waits in the backlog, or is
+// dropped when the backlog is full.
+func (l *Listener) passInitial(d heldDatagram) bool {
+	if !isInitial(d.data) {
+		return true
+	}
+	src := sourceAddrPort(d.from)
+	now := l.now()
 	a := &l.adm
-	if !a.full.Load() || !isInitial(packet) {
-		return false
-	}
-	src := sourceAddrPort(from)
 	a.mu.Lock()
-	_, known := a.sources[src]
+	if a.sources[src] > 0 || a.reserved(src) {
+		a.mu.Unlock()
+		return true
+	}
+	if a.backlog.len() == 0 && !l.fullLocked(now) {
+		a.reserve(src, now)
+		a.mu.Unlock()
+		return true
+	}
+	waiting := a.backlog.holds(src)
+	held := a.backlog.hold(src, d, now)
+	waiters := a.backlog.len()
+	ready := l.letInLocked(now)
 	a.mu.Unlock()
-	if known {
+	l.metrics.backlog.Set(float64(waiters))
+	l.handOver(ready)
+	switch {
+	case held && !waiting:
+		l.metrics.held.Inc()
+	case !held && !waiting:
+		l.metrics.dropped.Inc()
+		if h := l.cfg.hooks.Dropped; h != nil {
+			h()
+		}
+	}
+	return false
+}
+
+// reservationTTL is how long a place taken for a connection the gate let
+// in is kept for quic-go to admit it. quic-go admits or refuses a new
+// connection within moments of reading its Initial; one it never admits
+// (it asked the agent to prove its address first, or the agent is gone)
+// gives its place back after this.
+const reservationTTL = 3 * time.Second
+
+type reservation struct {
+	src netip.AddrPort
+	at  time.Time
+}
+
+// reserved reports whether the gate let src in and quic-go has not
+// admitted it yet.
+func (a *admission) reserved(src netip.AddrPort) bool {
+	_, ok := a.reservedAt[src]
+	return ok
+}
+
+// reserve takes a place for src among the connections at work.
+func (a *admission) reserve(src netip.AddrPort, now time.Time) {
+	if a.reservedAt == nil {
+		a.reservedAt = map[netip.AddrPort]time.Time{}
+	}
+	a.reservedAt[src] = now
+	a.reservations = append(a.reservations, reservation{src, now})
+}
+
+// unreserve gives src's place to the connection quic-go admits for it,
+// reporting whether it had one.
+func (a *admission) unreserve(src netip.AddrPort) bool {
+	if _, ok := a.reservedAt[src]; !ok {
 		return false
 	}
-	l.metrics.dropped.Inc()
-	if h := l.cfg.hooks.Dropped; h != nil {
-		h()
+	delete(a.reservedAt, src)
+	if len(a.reservedAt) == 0 {
+		a.reservations = nil
 	}
 	return true
+}
+
+// expireReservations gives back the places of connections quic-go did
+// not admit within reservationTTL.
+func (a *admission) expireReservations(now time.Time) {
+	for len(a.reservations) > 0 && now.Sub(a.reservations[0].at) > reservationTTL {
+		r := a.reservations[0]
+		a.reservations = a.reservations[1:]
+		if at, ok := a.reservedAt[r.src]; ok && at.Equal(r.at) {
+			delete(a.reservedAt, r.src)
+		}
+	}
+}
+
+// fullLocked reports, with a.mu held, whether a new connection must wait:
+// the handshakes in progress or the connections at work (every admitted
+// connection but those waiting for an approval) are at their bounds,
+// counting the places of connections let in and not yet admitted.
+func (l *Listener) fullLocked(now time.Time) bool {
+	a := &l.adm
+	a.expireReservations(now)
+	pending := len(a.reservedAt)
+	if b := l.cfg.MaxHandshakes; b > 0 && a.handshakes+pending >= b {
+		return true
+	}
+	if b := l.cfg.MaxActive; b > 0 && a.total-a.awaitingApproval+pending >= b {
+		return true
+	}
+	return false
+}
+
+// letInLocked, with a.mu held, takes the oldest waiters out of the
+// backlog while there is room, each with a place among the connections at
+// work, and returns their datagrams for handOver.
+func (l *Listener) letInLocked(now time.Time) []heldDatagram {
+	a := &l.adm
+	var ready []heldDatagram
+	for a.backlog.len() > 0 && !l.fullLocked(now) {
+		w := a.backlog.next(now)
+		if w == nil {
+			break
+		}
+		a.reserve(w.src, now)
+		ready = append(ready, w.datagrams...)
+		l.metrics.letIn.Inc()
+	}
+	return ready
+}
+
+// handOver gives datagrams let in from the backlog to the socket's reads.
+func (l *Listener) handOver(ready []heldDatagram) {
+	if len(ready) > 0 && l.adm.letIn != nil {
+		l.adm.letIn(ready)
+	}
+}
+
+// roomFreed lets waiters in from the backlog after a connection ended,
+// finished its handshake or began to wait for an approval.
+func (l *Listener) roomFreed() {
+	a := &l.adm
+	a.mu.Lock()
+	if a.backlog.len() == 0 {
+		a.mu.Unlock()
+		return
+	}
+	now := l.now()
+	ready := l.letInLocked(now)
+	waiters := a.backlog.len()
+	a.mu.Unlock()
+	l.metrics.backlog.Set(float64(waiters))
+	l.handOver(ready)
 }

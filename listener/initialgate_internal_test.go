@@ -3,7 +3,6 @@ package listener
 import (
 	"bytes"
 	"net"
-	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -75,7 +74,7 @@ func TestGatedConnLeavesOutDropped(t *testing.T) {
 	}
 	defer client.Close()
 	drop := func(p []byte, _ net.Addr) bool { return bytes.HasPrefix(p, []byte("drop")) }
-	gc := newGatedConn(server, drop)
+	gc := newGatedConn(server, func(d heldDatagram) bool { return !drop(d.data, d.from) })
 
 	sent := []string{"drop 0", "keep 1", "drop 2", "drop 3", "keep 4 " + string(bytes.Repeat([]byte("x"), 1200)), "keep 5", "drop 6", "drop 7"}
 	for _, p := range sent {
@@ -122,32 +121,6 @@ func TestGatedConnLeavesOutDropped(t *testing.T) {
 	}
 }
 
-// TestDropInitialOnlyWhenFull: the gate drops an Initial only while the
-// bound is full and only from an address no admitted connection has.
-func TestDropInitialOnlyWhenFull(t *testing.T) {
-	l := &Listener{metrics: newMetrics(func() float64 { return 0 })}
-	admitted := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4000}
-	other := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4001}
-	l.adm.sources = map[netip.AddrPort]int{sourceAddrPort(admitted): 1}
-	initial, handshake := initialHeader(0xc3, quicV1), initialHeader(0xe3, quicV1)
-	for _, tc := range []struct {
-		full   bool
-		packet []byte
-		from   net.Addr
-		want   bool
-	}{
-		{false, initial, other, false},
-		{true, initial, other, true},
-		{true, initial, admitted, false},
-		{true, handshake, other, false},
-	} {
-		l.adm.full.Store(tc.full)
-		if got := l.dropInitial(tc.packet, tc.from); got != tc.want {
-			t.Errorf("full %v, % x from %v: dropped %v, want %v", tc.full, tc.packet[:1], tc.from, got, tc.want)
-		}
-	}
-}
-
 // TestGatedConnKeepsOddBatches: buffers of another shape than quic-go's
 // (here of two sizes) are returned as read, dropped packets included,
 // rather than moved where one might not fit.
@@ -162,7 +135,7 @@ func TestGatedConnKeepsOddBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	gc := newGatedConn(server, func(p []byte, _ net.Addr) bool { return bytes.HasPrefix(p, []byte("drop")) })
+	gc := newGatedConn(server, func(d heldDatagram) bool { return !bytes.HasPrefix(d.data, []byte("drop")) })
 	sent := []string{"drop 0", "keep 1"}
 	for _, p := range sent {
 		if _, err := client.Write([]byte(p)); err != nil {

@@ -226,7 +226,9 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		}
 		req.Attempt.Counted = false
 		l.metrics.pending.Inc()
+		l.awaitApproval(true)
 		err = l.waitDecision(waitCtx, out.Join.ID, deadline)
+		l.awaitApproval(false)
 		l.metrics.pending.Dec()
 		if errors.Is(err, errStoreWait) {
 			l.logger.Warn("wait for approval", "joinId", out.Join.ID, "err", err)

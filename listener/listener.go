@@ -69,6 +69,17 @@ type Config struct {
 	// herd is served at the rate the CPUs allow instead of every
 	// handshake slowing past its timeout.
 	MaxHandshakes int
+	// MaxActive bounds the connections at work at once: handshakes, and
+	// joins and renewals past them, but not the joins waiting for an
+	// approval (default 128 per CPU; negative: no bound). Past it, or
+	// past MaxHandshakes, new connections wait in a backlog of Backlog
+	// connections (default 16,384), first come first served, for up to
+	// BacklogWait (default 25s, within the agent's 30 s dial timeout); a
+	// full backlog drops their Initials, which their agents send again.
+	// Both need the socket to be a *net.UDPConn.
+	MaxActive   int
+	Backlog     int
+	BacklogWait time.Duration
 	// GCHeadroomMiB is how far the heap may grow between garbage
 	// collections while the live heap is smaller than that (package
 	// gcfloor: a few hundred joins between collections instead of ~20);
@@ -151,7 +162,8 @@ type hooks struct {
 	Accepted func()
 	// AcceptIdle, when set, replaces acceptIdle.
 	AcceptIdle time.Duration
-	// Dropped is called for each Initial dropped past the handshake bound.
+	// Dropped is called for each new connection's Initial the gate drops
+	// (the backlog full).
 	Dropped func()
 }
 
@@ -223,6 +235,15 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	if cfg.MaxHandshakes == 0 {
 		cfg.MaxHandshakes = defaultMaxHandshakes()
+	}
+	if cfg.MaxActive == 0 {
+		cfg.MaxActive = defaultMaxActive()
+	}
+	if cfg.Backlog == 0 {
+		cfg.Backlog = defaultBacklog
+	}
+	if cfg.BacklogWait == 0 {
+		cfg.BacklogWait = defaultBacklogWait
 	}
 	if cfg.MaxRenewals == 0 {
 		cfg.MaxRenewals = defaultMaxRenewals
@@ -490,8 +511,13 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	defer pc.Close()
 	conn := pc
-	if udp, ok := pc.(*net.UDPConn); ok && l.cfg.MaxHandshakes > 0 {
-		conn = newGatedConn(udp, l.dropInitial)
+	if udp, ok := pc.(*net.UDPConn); ok && (l.cfg.MaxHandshakes > 0 || l.cfg.MaxActive > 0) {
+		gated := newGatedConn(udp, l.passInitial)
+		l.adm.mu.Lock()
+		l.adm.backlog = backlog{max: max(l.cfg.Backlog, 0), perSource: l.cfg.PerSourceConnections, maxWait: l.cfg.BacklogWait}
+		l.adm.letIn = gated.letIn
+		l.adm.mu.Unlock()
+		conn = gated
 	}
 	resetKey := quic.StatelessResetKey(resetRaw)
 	tokenKey := quic.TokenGeneratorKey(tokenRaw)
@@ -620,6 +646,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.sweepBudgets(gctx)
 		return nil
 	})
+
 	g.Go(func() error {
 		var wg sync.WaitGroup
 		defer wg.Wait()

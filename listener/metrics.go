@@ -53,6 +53,9 @@ type metrics struct {
 	conns        *prometheus.CounterVec
 	retries      prometheus.Counter
 	dropped      prometheus.Counter
+	backlog      prometheus.Gauge
+	held         prometheus.Counter
+	letIn        prometheus.Counter
 }
 
 func newMetrics(active func() float64) *metrics {
@@ -97,10 +100,19 @@ func newMetrics(active func() float64) *metrics {
 			Name: "stratum_listener_quic_retries_total", Help: "QUIC Retry packets asked of sources opening connections faster than --retry-above.",
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "stratum_listener_initials_dropped_total", Help: "QUIC Initial packets of new connections dropped unanswered while --max-handshakes handshakes were in progress (each agent sends its Initial again until admitted).",
+			Name: "stratum_listener_initials_dropped_total", Help: "QUIC Initial packets of new connections dropped unanswered because the backlog of connections waiting for room (--backlog) was full (each agent sends its Initial again).",
+		}),
+		backlog: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stratum_listener_backlog_connections", Help: "New connections waiting in the backlog for room under --max-active and --max-handshakes.",
+		}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stratum_listener_backlog_held_total", Help: "New connections that waited in the backlog for room.",
+		}),
+		letIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stratum_listener_backlog_let_in_total", Help: "New connections let in from the backlog, oldest first, as room freed.",
 		}),
 	}
-	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.dropped,
+	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.dropped, m.backlog, m.held, m.letIn,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stratum_listener_connections", Help: "QUIC connections being served."}, active),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outcomeJoined, outcomePending, outcomeRefused, outcomeFailedProof, outcomeAbandoned, outcomeError} {
