@@ -191,7 +191,10 @@ func Join(ctx context.Context, cfg JoinConfig) (*Joined, error) {
 		// OPAQUE messages is sent.
 		InsecureSkipVerify: true,
 	}
-	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second}
+	// A join's connection lives a few round trips: path MTU probes (padded
+	// packets the listener must read and acknowledge, one a join at the
+	// end of every exchange) would find a larger MTU for nothing.
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, KeepAlivePeriod: 10 * time.Second, DisablePathMTUDiscovery: true}
 	// Nothing of the join is sent before a handshake completes, so an
 	// endpoint that is down costs no attempt.
 	conn, ep, err := dialFirst(ctx, endpointList(cfg.Endpoint, cfg.Endpoints), FailoverDelay, func(ctx context.Context, ep string) (*quic.Conn, error) {

@@ -175,7 +175,8 @@ func openNode(ctx context.Context, cfg *RenewConfig) (ns nodeSession, err error)
 			return err
 		},
 	}
-	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second}
+	// one request and its answer: no path MTU probes (see Join)
+	qconf := &quic.Config{HandshakeIdleTimeout: cfg.DialTimeout, MaxIdleTimeout: 30 * time.Second, DisablePathMTUDiscovery: true}
 	dial := cfg.Dial
 	if dial == nil {
 		dial = func(ctx context.Context, ep string, t *tls.Config, q *quic.Config) (*quic.Conn, error) {

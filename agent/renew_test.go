@@ -108,3 +108,32 @@ func renewWithin(t *testing.T, ctx context.Context, cfg agent.RenewConfig) error
 		return nil
 	}
 }
+
+// TestDialsProbeNoPathMTU: a join's and a renewal's connections live a
+// few round trips, so neither asks its QUIC stack for path MTU probes (a
+// padded datagram the listener must read, at the end of every join), and
+// both wait DefaultDialTimeout for the handshake unless told otherwise.
+func TestDialsProbeNoPathMTU(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	var seen []*quic.Config
+	dial := func(ctx context.Context, ep string, tc *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+		seen = append(seen, qc)
+		return quic.DialAddr(ctx, ep, tc, qc)
+	}
+	sec, _ := mintCode(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	dir := filepath.Join(t.TempDir(), "state")
+	if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: dir, Endpoint: l.Endpoint, Secret: sec, Dial: dial}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.Renew(context.Background(), agent.RenewConfig{StateDir: dir, Dial: dial}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 2 {
+		t.Fatalf("%d dials, want the join's and the renewal's", len(seen))
+	}
+	for i, qc := range seen {
+		if !qc.DisablePathMTUDiscovery || qc.HandshakeIdleTimeout != agent.DefaultDialTimeout {
+			t.Errorf("dial %d: path MTU discovery off %v, handshake timeout %v; want off and %v", i, qc.DisablePathMTUDiscovery, qc.HandshakeIdleTimeout, agent.DefaultDialTimeout)
+		}
+	}
+}
