@@ -142,3 +142,36 @@ func exporterOf(t *testing.T, conn *quic.Conn) []byte {
 	}
 	return exp
 }
+
+// TestOnlyRenewalsAreAskedForACertificate: a join presents no client
+// certificate, so its handshake carries no CertificateRequest; a client
+// offering the renewal ALPN is asked for its node certificate.
+func TestOnlyRenewalsAreAskedForACertificate(t *testing.T) {
+	l := listenertest.Start(t, listenertest.Options{})
+	for _, tc := range []struct {
+		alpn  string
+		asked bool
+	}{
+		{wire.ALPNJoin, false},
+		{wire.ALPNNode, true},
+	} {
+		asked := false
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		conn, err := quic.DialAddr(ctx, l.Endpoint, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{tc.alpn}, MinVersion: tls.VersionTLS13,
+			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				asked = true
+				return &tls.Certificate{}, nil
+			}}, nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.alpn, err)
+		}
+		if got := conn.ConnectionState().TLS.NegotiatedProtocol; got != tc.alpn {
+			t.Errorf("offered %s, negotiated %q", tc.alpn, got)
+		}
+		conn.CloseWithError(0, "")
+		if asked != tc.asked {
+			t.Errorf("%s: asked for a client certificate %v, want %v", tc.alpn, asked, tc.asked)
+		}
+	}
+}
