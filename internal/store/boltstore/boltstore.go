@@ -25,6 +25,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,6 +128,7 @@ type Store struct {
 	// ends it, and released is closed when it has ended.
 	written     chan struct{}
 	stopRelease chan struct{}
+	stopOnce    sync.Once
 	released    chan struct{}
 }
 
@@ -235,7 +237,7 @@ func (s *Store) wrote() {
 // Close releases the file and its lock.
 func (s *Store) Close() error {
 	if s.stopRelease != nil {
-		close(s.stopRelease)
+		s.stopOnce.Do(func() { close(s.stopRelease) })
 		<-s.released
 	}
 	s.watch.CloseAll()

@@ -129,4 +129,8 @@ func TestReleasePagesAfterWrites(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// closing twice is harmless, as bbolt's own Close is
+	if err := s.Close(); err != nil {
+		t.Fatalf("a second Close: %v", err)
+	}
 }
