@@ -95,7 +95,8 @@ func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) 
 // beginCounted counts a start in one durable transaction (see Begin).
 func (c *Cluster) beginCounted(ctx context.Context, req BeginRequest) (Attempt, error) {
 	locator, commit := req.Locator, req.Commit
-	defer c.locks.lock(ctx, locator)()
+	ctx, unlock := c.locks.lock(ctx, locator)
+	defer unlock()
 	var att Attempt
 	err := c.update(ctx, func(tx *txn) error {
 		att = Attempt{}
@@ -236,7 +237,8 @@ func (c *Cluster) endLease(ctx context.Context, att Attempt, orphan bool) error 
 // locator's lock, and writes the record back when change reports it
 // changed; a secret deleted meanwhile is left alone.
 func (c *Cluster) updateSecret(ctx context.Context, att Attempt, change func(tx *txn, s *Secret) bool) error {
-	defer c.locks.lock(ctx, att.Secret.Locator)()
+	ctx, unlock := c.locks.lock(ctx, att.Secret.Locator)
+	defer unlock()
 	return c.update(ctx, func(tx *txn) error {
 		var s Secret
 		found, err := tx.getJSON(secretKey(att.Secret.ID), &s)
@@ -407,7 +409,8 @@ func (c *Cluster) Prove(ctx context.Context, req ProveRequest) (Outcome, error) 
 		return Outcome{}, errors.New("prove without a secret")
 	}
 	id := req.Attempt.Secret.ID
-	defer c.locks.lock(ctx, req.Attempt.Secret.Locator)()
+	ctx, unlock := c.locks.lock(ctx, req.Attempt.Secret.Locator)
+	defer unlock()
 	if req.NewNodeID != nil {
 		req.NewNodeID = onceNodeID(req.NewNodeID)
 	}

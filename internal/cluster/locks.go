@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/stratumjoin/stratum/internal/store"
 )
 
 // secretLocks orders this process's updates of one secret. Correctness
@@ -29,8 +31,12 @@ type secretLock struct {
 // the waiters fail by their own deadlines rather than one after another.
 const lockWait = 2 * time.Second
 
-// lock takes the lock of a secret (by locator); the returned func frees it.
-func (s *secretLocks) lock(ctx context.Context, locator string) (unlock func()) {
+// lock takes the lock of a secret (by locator); the returned func frees
+// it. The returned context marks the update's commit as waited on
+// (store.CommitNow) while another update of the secret waits for the
+// lock: it queues behind this one and cannot share its commit, so the
+// commit must not wait for company.
+func (s *secretLocks) lock(ctx context.Context, locator string) (context.Context, func()) {
 	s.mu.Lock()
 	if s.m == nil {
 		s.m = map[string]*secretLock{}
@@ -56,7 +62,12 @@ func (s *secretLocks) lock(ctx context.Context, locator string) (unlock func()) 
 		}
 		t.Stop()
 	}
-	return func() {
+	waited := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return e.refs > 1
+	}
+	return store.CommitNow(ctx, waited), func() {
 		if held {
 			<-e.ch
 		}

@@ -380,7 +380,7 @@ func (s *Store) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool
 			}
 		}
 		return nil
-	})
+	}, store.Waited(ctx))
 	switch {
 	case err == nil:
 		s.watch.Notify(ops)

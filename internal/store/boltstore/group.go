@@ -54,13 +54,15 @@ func local(err error) bool {
 // behind the one now committing. fn must return errCmpFailed or
 // errNoWrites only before its first write, as Txn's does; any other error
 // aborts the shared transaction, and every call in it is run again alone.
-func (s *Store) write(fn func(*bolt.Tx) error) error {
+// A waited-on write (store.CommitNow) neither waits for company nor lets
+// the commit it joins wait longer.
+func (s *Store) write(fn func(*bolt.Tx) error, waitedOn bool) error {
 	g := &s.group
 	c := &groupCall{fn: fn, done: make(chan error, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
 	if g.running {
-		if g.lingering != nil && len(g.queue) >= maxGroup {
+		if g.lingering != nil && (waitedOn || len(g.queue) >= maxGroup) {
 			close(g.lingering)
 			g.lingering = nil
 		}
@@ -68,7 +70,7 @@ func (s *Store) write(fn func(*bolt.Tx) error) error {
 		return <-c.done
 	}
 	g.running = true
-	if g.linger > 0 && g.company {
+	if g.linger > 0 && g.company && !waitedOn {
 		ended := make(chan struct{})
 		g.lingering = ended
 		g.mu.Unlock()

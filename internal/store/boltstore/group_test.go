@@ -31,7 +31,7 @@ func TestGroupCommitSharesOneCommit(t *testing.T) {
 	release := make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
-		held <- s.write(func(tx *bolt.Tx) error {
+		held <- s.writeNotWaitedOn(func(tx *bolt.Tx) error {
 			<-release
 			return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
 		})
@@ -113,7 +113,7 @@ func TestGroupCommitSharesOneCommit(t *testing.T) {
 	// others are committed alone and the failed one leaves nothing
 	release2 := make(chan struct{})
 	go func() {
-		held <- s.write(func(tx *bolt.Tx) error { <-release2; return nil })
+		held <- s.writeNotWaitedOn(func(tx *bolt.Tx) error { <-release2; return nil })
 	}()
 	waitQueued(0)
 	boom := errors.New("boom")
@@ -122,7 +122,7 @@ func TestGroupCommitSharesOneCommit(t *testing.T) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		bad = s.write(func(tx *bolt.Tx) error {
+		bad = s.writeNotWaitedOn(func(tx *bolt.Tx) error {
 			if err := tx.Bucket(bucketKV).Put([]byte("half"), append(make([]byte, revLen), 'x')); err != nil {
 				return err
 			}
@@ -212,22 +212,26 @@ func TestCommitsWaitForCompanyOnlyUnderConcurrency(t *testing.T) {
 		}
 
 		// a writer queued behind a running commit: the next commit waits
-		release := make(chan struct{})
-		held := make(chan error, 1)
-		go func() {
-			held <- s.write(func(tx *bolt.Tx) error {
-				<-release
-				return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
-			})
-		}()
-		synctest.Wait()
-		go put("queued")
-		synctest.Wait()
-		close(release)
-		if err := <-held; err != nil {
-			t.Fatal(err)
+		company := func() {
+			t.Helper()
+			release := make(chan struct{})
+			held := make(chan error, 1)
+			go func() {
+				held <- s.writeNotWaitedOn(func(tx *bolt.Tx) error {
+					<-release
+					return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
+				})
+			}()
+			synctest.Wait()
+			go put("queued")
+			synctest.Wait()
+			close(release)
+			if err := <-held; err != nil {
+				t.Fatal(err)
+			}
+			synctest.Wait()
 		}
-		synctest.Wait()
+		company()
 
 		// two writers 10 ms apart share one commit, which waited its linger
 		before := commits()
@@ -247,5 +251,34 @@ func TestCommitsWaitForCompanyOnlyUnderConcurrency(t *testing.T) {
 		if d := time.Since(start); d != linger {
 			t.Fatalf("a lone write after a shared commit, then another: %v, want one wait of %v", d, linger)
 		}
+
+		// after a shared commit again, a waited-on write does not wait,
+		// and one that joins a waiting commit ends its wait
+		waitedOn := store.CommitNow(ctx, func() bool { return true })
+		company()
+		start = time.Now()
+		if _, err := s.Txn(waitedOn, nil, []store.Op{{Key: "urgent", Value: []byte("v")}}); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("a waited-on write after a shared commit took %v, want no wait", d)
+		}
+		company()
+		before = commits()
+		start = time.Now()
+		wg.Go(func() { put("waiting") })
+		wg.Go(func() {
+			time.Sleep(10 * time.Millisecond)
+			if _, err := s.Txn(waitedOn, nil, []store.Op{{Key: "joins", Value: []byte("v")}}); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		if got, d := commits()-before, time.Since(start); got != 1 || d != 10*time.Millisecond {
+			t.Fatalf("a waited-on write 10 ms into a commit's wait: %d commits in %v, want 1 in 10ms", got, d)
+		}
 	})
 }
+
+// writeNotWaitedOn is write for a transaction no other waits on.
+func (s *Store) writeNotWaitedOn(fn func(*bolt.Tx) error) error { return s.write(fn, false) }
