@@ -34,7 +34,10 @@ func (l *Listener) attest(str Stream, claim *wire.TPMClaim, csrKey crypto.Public
 	}
 	str.SetReadDeadline(time.Now().Add(attestTimeout))
 	var ans wire.TPMAnswer
-	if err := wire.Read(str, &ans); err != nil {
+	answering := l.waitOnPeer()
+	err = wire.Read(str, &ans)
+	answering()
+	if err != nil {
 		return nil, "", fmt.Errorf("read tpm answer: %w", err)
 	}
 	str.SetReadDeadline(time.Time{})

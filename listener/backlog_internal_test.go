@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -381,4 +382,41 @@ func quicGoMessages(n int) []ipv4.Message {
 		ms[i].OOB = make([]byte, 128)
 	}
 	return ms
+}
+
+// TestPeerWaitsPastTheGraceLeaveRoom: a connection waiting on its peer
+// keeps its place at work for PeerGrace, then gives it up to the next in
+// the backlog until its wait ends; a shorter wait changes nothing.
+func TestPeerWaitsPastTheGraceLeaveRoom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGateTest(1, 100, 10)
+		g.l.cfg.PeerGrace = time.Second
+		l := g.l
+		a, b := udpAddr("10.0.0.1", 1), udpAddr("10.0.0.2", 1)
+		if !l.passInitial(initial("a1", a)) {
+			t.Fatal("first connection held")
+		}
+		g.admit(a)
+		if l.passInitial(initial("b1", b)) {
+			t.Fatal("second connection passed a bound of 1 at work")
+		}
+		short := l.waitOnPeer()
+		time.Sleep(500 * time.Millisecond)
+		short()
+		time.Sleep(time.Second)
+		if st := l.ConnStats(); st.AwaitingPeer != 0 || len(g.letIn) != 0 {
+			t.Fatalf("after a wait shorter than the grace: %+v, let in %q", st, g.letIn)
+		}
+		long := l.waitOnPeer()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if st := l.ConnStats(); st.AwaitingPeer != 1 || !slices.Equal(g.letIn, []string{"b1"}) {
+			t.Fatalf("a second into a wait on the peer: %+v, let in %q; want a's place given to b", st, g.letIn)
+		}
+		long()
+		long() // ending twice counts once
+		if st := l.ConnStats(); st.AwaitingPeer != 0 {
+			t.Fatalf("after the wait ended: %+v", st)
+		}
+	})
 }

@@ -554,6 +554,35 @@ func TestBacklogIsFirstComeFirstServed(t *testing.T) {
 	}
 }
 
+// TestStalledPeersDoNotHoldTheListener: connections whose peers complete
+// the handshake and then do nothing hold every place at work for
+// PeerGrace only; then a join waiting in the backlog is let in and
+// completes while they are still connected.
+func TestStalledPeersDoNotHoldTheListener(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	l := listenertest.Start(t, listenertest.Options{Config: listener.Config{MaxActive: 2, PeerGrace: grace, FirstStream: time.Minute, PerSourceConnections: -1, RetryAbove: 1e6}})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		conn, err := quic.DialAddr(ctx, l.Endpoint, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13}, &quic.Config{KeepAlivePeriod: time.Second})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.CloseWithError(0, "")
+	}
+	start := time.Now()
+	if _, _, err := join(t, l, sec, wire.Facts{}); err != nil {
+		t.Fatalf("join while two stalled connections held the two places: %v", err)
+	}
+	if d := time.Since(start); d < grace {
+		t.Fatalf("the join completed in %v, before the stalled connections' grace of %v ran out", d, grace)
+	}
+	if st := l.ConnStats(); st.Total < 2 || st.AwaitingPeer != 2 {
+		t.Fatalf("stats %+v after the join, want the two stalled connections still open, waiting on their peers", st)
+	}
+}
+
 // TestApprovalWaitIsNotAtWork: a join waiting for an approval keeps its
 // connection but not its place among the connections at work, so with
 // room for one, another machine joins meanwhile.

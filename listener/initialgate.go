@@ -309,7 +309,8 @@ func (a *admission) expireReservations(now time.Time) {
 
 // fullLocked reports, with a.mu held, whether a new connection must wait:
 // the handshakes in progress or the connections at work (every admitted
-// connection but those waiting for an approval) are at their bounds,
+// connection but those waiting for an approval, or on their peer past
+// PeerGrace) are at their bounds,
 // counting the places of connections let in and not yet admitted.
 func (l *Listener) fullLocked(now time.Time) bool {
 	a := &l.adm
@@ -318,7 +319,7 @@ func (l *Listener) fullLocked(now time.Time) bool {
 	if b := l.cfg.MaxHandshakes; b > 0 && a.handshakes+pending >= b {
 		return true
 	}
-	if b := l.cfg.MaxActive; b > 0 && a.total-a.awaitingApproval+pending >= b {
+	if b := l.cfg.MaxActive; b > 0 && a.total-a.awaitingApproval-a.awaitingPeer+pending >= b {
 		return true
 	}
 	return false

@@ -46,7 +46,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	defer func() { rep.end(closeCode, err) }()
 	str.SetReadDeadline(time.Now().Add(helloTimeout))
 	var hello wire.Hello
-	if err := wire.Read(str, &hello); err != nil {
+	helloing := l.waitOnPeer()
+	err = wire.Read(str, &hello)
+	helloing()
+	if err != nil {
 		return wire.CloseProtocol, fmt.Errorf("read hello: %w", err)
 	}
 	rep.phase("hello")
@@ -116,7 +119,10 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 
 	str.SetReadDeadline(time.Now().Add(proofTimeout))
 	var proof wire.Proof
-	if err := wire.Read(str, &proof); err != nil {
+	proving := l.waitOnPeer()
+	err = wire.Read(str, &proof)
+	proving()
+	if err != nil {
 		// a wrong code (the agent refused the KE2) or a broken
 		// connection: the attempt stays counted; a broken one stays
 		// refundable to a proof that reveals its nonce

@@ -81,6 +81,10 @@ type Config struct {
 	MaxActive   int
 	Backlog     int
 	BacklogWait time.Duration
+	// PeerGrace is how long a connection may wait on its peer (a handshake
+	// flight, its stream, a frame, its close) and keep its place among the
+	// connections at work (default 1s; negative: always keeps it).
+	PeerGrace time.Duration
 	// GCHeadroomMiB is how far the heap may grow between garbage
 	// collections while the live heap is smaller than that (package
 	// gcfloor: a few hundred joins between collections instead of ~20);
@@ -245,6 +249,9 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	}
 	if cfg.BacklogWait == 0 {
 		cfg.BacklogWait = defaultBacklogWait
+	}
+	if cfg.PeerGrace == 0 {
+		cfg.PeerGrace = defaultPeerGrace
 	}
 	if cfg.MaxRenewals == 0 {
 		cfg.MaxRenewals = defaultMaxRenewals
@@ -803,7 +810,9 @@ func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	defer stop()
 	// a connection earns its slot by opening its stream at once
 	sctx, scancel := context.WithTimeout(ctx, l.cfg.FirstStream)
+	opening := l.waitOnPeer()
 	str, err := conn.AcceptStream(sctx)
+	opening()
 	scancel()
 	if err != nil {
 		conn.CloseWithError(quic.ApplicationErrorCode(wire.CloseProtocol), "no stream")
@@ -824,10 +833,12 @@ func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	str.Close()
 	// give the agent time to read the last frame before closing
 	if code == wire.CloseDone {
+		closing := l.waitOnPeer()
 		select {
 		case <-conn.Context().Done():
 		case <-time.After(resultGrace):
 		}
+		closing()
 	}
 	conn.CloseWithError(quic.ApplicationErrorCode(code), "")
 }

@@ -31,7 +31,10 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	// A certificate the listener cannot accept is refused by name, after
 	// the request is read, so the agent knows not to retry.
 	refuse := func(msg string, cause error) (wire.CloseCode, error) {
-		if _, _, err := readNodeRequest(str); err != nil {
+		requesting := l.waitOnPeer()
+		_, _, err := readNodeRequest(str)
+		requesting()
+		if err != nil {
 			return wire.CloseAuth, fmt.Errorf("%s: %w", msg, cause)
 		}
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"}
@@ -63,7 +66,9 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	if err != nil {
 		return refuse("this node's certificate names no node of this cluster", err)
 	}
+	requesting := l.waitOnPeer()
 	req, leave, err := readNodeRequest(str)
+	requesting()
 	if err != nil {
 		return wire.CloseProtocol, fmt.Errorf("read renew: %w", err)
 	}
