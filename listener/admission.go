@@ -114,7 +114,7 @@ const defaultPeerGrace = time.Second
 const (
 	defaultBacklog = 16384
 	// defaultBacklogWait is how long a new connection may wait: the
-	// agent's dial timeout (agent.JoinConfig.DialTimeout, 30 s) less the
+	// agent's dial timeout (agent.DefaultDialTimeout, 30 s) less the
 	// time its handshake needs once let in on a busy listener.
 	defaultBacklogWait = 25 * time.Second
 )
