@@ -35,7 +35,8 @@ func TestAgentExitStatus(t *testing.T) {
 		{"unreachable", freeUDP(t), validCode(t), 3, "could not reach the listener"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := agentJoin(ctx, tc.endpoint, tc.code, filepath.Join(dir, tc.name))
+			// the contract tests wait out the default dial timeout
+			r := agentJoin(ctx, tc.endpoint, tc.code, filepath.Join(dir, tc.name), "--dial-timeout", "2s")
 			if r.exit != tc.want || !strings.Contains(r.stderr, tc.stderr) {
 				t.Fatalf("exit %d (want %d), stderr %q", r.exit, tc.want, r.stderr)
 			}
