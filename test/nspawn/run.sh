@@ -174,10 +174,11 @@ wait "$nspawn_pid" || true
 boot "$work/console2.log"
 wait_for 60 "multi-user.target after the reboot" is multi-user.target ActiveState active
 is stratum-agent.service ActiveState activating || fail "agent is $(prop stratum-agent.service ActiveState) while the listener is down, want activating"
-# a join attempt times out after 10s, longer than WatchdogSec: the service
-# loop's pings keep it alive through the attempt and into its retry
+# a join attempt times out after 30s (the agent's dial timeout), longer
+# than WatchdogSec: the service loop's pings keep it alive through the
+# attempt and into its retry
 retried() { ns journalctl -b -u stratum-agent -o cat --no-pager | grep -c "join failed, retrying"; }
-wait_for 60 "a retried join" retried
+wait_for 90 "a retried join" retried
 is stratum-agent.service NRestarts 0 || fail "the agent was restarted while it waited to join"
 is stratum-agent.service ActiveState activating || fail "agent is $(prop stratum-agent.service ActiveState) after a retry, want activating"
 prop stratum-agent.service StatusText | grep -qE "retrying|joining" || fail "agent STATUS: $(prop stratum-agent.service StatusText)"
