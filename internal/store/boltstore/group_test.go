@@ -28,14 +28,7 @@ func TestGroupCommitSharesOneCommit(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 
-	release := make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- s.writeNotWaitedOn(func(tx *bolt.Tx) error {
-			<-release
-			return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
-		})
-	}()
+	release, held := holdCommit(s)
 	waitQueued := func(n int) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
@@ -214,14 +207,7 @@ func TestCommitsWaitForCompanyOnlyUnderConcurrency(t *testing.T) {
 		// a writer queued behind a running commit: the next commit waits
 		company := func() {
 			t.Helper()
-			release := make(chan struct{})
-			held := make(chan error, 1)
-			go func() {
-				held <- s.writeNotWaitedOn(func(tx *bolt.Tx) error {
-					<-release
-					return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
-				})
-			}()
+			release, held := holdCommit(s)
 			synctest.Wait()
 			go put("queued")
 			synctest.Wait()
@@ -282,3 +268,16 @@ func TestCommitsWaitForCompanyOnlyUnderConcurrency(t *testing.T) {
 
 // writeNotWaitedOn is write for a transaction no other waits on.
 func (s *Store) writeNotWaitedOn(fn func(*bolt.Tx) error) error { return s.write(fn, false) }
+
+// holdCommit starts a write that holds its commit open until release is
+// closed; held reports its outcome.
+func holdCommit(s *Store) (release chan struct{}, held chan error) {
+	release, held = make(chan struct{}), make(chan error, 1)
+	go func() {
+		held <- s.writeNotWaitedOn(func(tx *bolt.Tx) error {
+			<-release
+			return tx.Bucket(bucketKV).Put([]byte("held"), append(make([]byte, revLen), 'x'))
+		})
+	}()
+	return release, held
+}

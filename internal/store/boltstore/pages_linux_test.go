@@ -53,14 +53,7 @@ func TestReleasePagesKeepsEveryValue(t *testing.T) {
 			}
 		}
 	}
-	mapped := func() int {
-		t.Helper()
-		kib, err := procmem.MappedKiB(os.Getpid(), path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return kib
-	}
+	mapped := func() int { t.Helper(); return mappedKiB(t, path) }
 	readAll()
 	before := mapped()
 	if before < 1024 {
@@ -97,14 +90,7 @@ func TestReleasePagesAfterWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mapped := func() int {
-		t.Helper()
-		kib, err := procmem.MappedKiB(os.Getpid(), path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return kib
-	}
+	mapped := func() int { t.Helper(); return mappedKiB(t, path) }
 	// a full read maps the file; the next write schedules a release
 	if got, err := s.List(ctx, "node/", "", 0); err != nil || len(got) != 4000 {
 		t.Fatalf("listed %d values: %v", len(got), err)
@@ -133,4 +119,14 @@ func TestReleasePagesAfterWrites(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("a second Close: %v", err)
 	}
+}
+
+// mappedKiB is how much of the file at path this process has mapped.
+func mappedKiB(t *testing.T, path string) int {
+	t.Helper()
+	kib, err := procmem.MappedKiB(os.Getpid(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kib
 }
