@@ -285,6 +285,12 @@ func (l *Listener) waitOnPeer() (done func()) {
 	}
 }
 
+// fromPeer runs read, a wait on the connection's peer (see waitOnPeer).
+func (l *Listener) fromPeer(read func() error) error {
+	defer l.waitOnPeer()()
+	return read()
+}
+
 // slot takes a served slot for the connection's ALPN: joins and renewals
 // are bounded apart, so a join flood never shuts renewals out.
 func (l *Listener) slot(alpn string) (release func(), ok bool) {

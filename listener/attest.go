@@ -34,10 +34,7 @@ func (l *Listener) attest(str Stream, claim *wire.TPMClaim, csrKey crypto.Public
 	}
 	str.SetReadDeadline(time.Now().Add(attestTimeout))
 	var ans wire.TPMAnswer
-	answering := l.waitOnPeer()
-	err = wire.Read(str, &ans)
-	answering()
-	if err != nil {
+	if err := l.fromPeer(func() error { return wire.Read(str, &ans) }); err != nil {
 		return nil, "", fmt.Errorf("read tpm answer: %w", err)
 	}
 	str.SetReadDeadline(time.Time{})

@@ -108,13 +108,10 @@ func (b *backlog) next(now time.Time) *waiter {
 // expire drops the waiters at the front that have waited longer than
 // maxWait: their agents have given up, and letting them in would hold a
 // slot for a handshake nobody completes.
-func (b *backlog) expire(now time.Time) int {
-	n := 0
+func (b *backlog) expire(now time.Time) {
 	for b.head < len(b.queue) && now.Sub(b.queue[b.head].since) > b.maxWait {
 		b.pop()
-		n++
 	}
-	return n
 }
 
 // pop removes the waiter at the front.

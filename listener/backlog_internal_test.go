@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/net/ipv4"
 )
 
@@ -189,6 +190,14 @@ func TestGateHoldsNewConnectionsPastTheBound(t *testing.T) {
 	l.passInitial(initial("d1", d))
 	if st := l.ConnStats(); st.Backlog != 2 {
 		t.Fatalf("backlog %d, want c and d", st.Backlog)
+	}
+	// c's two datagrams and d's one wait
+	var m dto.Metric
+	if err := l.metrics.backlogBytes.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m.GetGauge().GetValue(), float64(3*(len(initialPacket)+2)); got != want {
+		t.Fatalf("backlog bytes %v, want %v for c1, c2 and d1", got, want)
 	}
 	g.end(a)
 	if !slices.Equal(g.letIn, []string{"c1", "c2"}) {

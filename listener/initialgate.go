@@ -237,10 +237,9 @@ func (l *Listener) passInitial(d heldDatagram) bool {
 	}
 	waiting := a.backlog.holds(src)
 	held := a.backlog.hold(src, d, now)
-	waiters := a.backlog.len()
 	ready := l.letInLocked(now)
+	l.backlogMetricsLocked()
 	a.mu.Unlock()
-	l.metrics.backlog.Set(float64(waiters))
 	l.handOver(ready)
 	switch {
 	case held && !waiting:
@@ -359,10 +358,14 @@ func (l *Listener) roomFreed() {
 		a.mu.Unlock()
 		return
 	}
-	now := l.now()
-	ready := l.letInLocked(now)
-	waiters := a.backlog.len()
+	ready := l.letInLocked(l.now())
+	l.backlogMetricsLocked()
 	a.mu.Unlock()
-	l.metrics.backlog.Set(float64(waiters))
 	l.handOver(ready)
+}
+
+// backlogMetricsLocked, with a.mu held, reports the backlog's size.
+func (l *Listener) backlogMetricsLocked() {
+	l.metrics.backlog.Set(float64(l.adm.backlog.len()))
+	l.metrics.backlogBytes.Set(float64(l.adm.backlog.bytes))
 }

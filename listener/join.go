@@ -46,10 +46,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 	defer func() { rep.end(closeCode, err) }()
 	str.SetReadDeadline(time.Now().Add(helloTimeout))
 	var hello wire.Hello
-	helloing := l.waitOnPeer()
-	err = wire.Read(str, &hello)
-	helloing()
-	if err != nil {
+	if err := l.fromPeer(func() error { return wire.Read(str, &hello) }); err != nil {
 		return wire.CloseProtocol, fmt.Errorf("read hello: %w", err)
 	}
 	rep.phase("hello")
@@ -119,10 +116,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 
 	str.SetReadDeadline(time.Now().Add(proofTimeout))
 	var proof wire.Proof
-	proving := l.waitOnPeer()
-	err = wire.Read(str, &proof)
-	proving()
-	if err != nil {
+	if err := l.fromPeer(func() error { return wire.Read(str, &proof) }); err != nil {
 		// a wrong code (the agent refused the KE2) or a broken
 		// connection: the attempt stays counted; a broken one stays
 		// refundable to a proof that reveals its nonce

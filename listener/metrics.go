@@ -54,6 +54,7 @@ type metrics struct {
 	retries      prometheus.Counter
 	dropped      prometheus.Counter
 	backlog      prometheus.Gauge
+	backlogBytes prometheus.Gauge
 	held         prometheus.Counter
 	letIn        prometheus.Counter
 }
@@ -105,6 +106,9 @@ func newMetrics(active func() float64) *metrics {
 		backlog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "stratum_listener_backlog_connections", Help: "New connections waiting in the backlog for room under --max-active and --max-handshakes.",
 		}),
+		backlogBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "stratum_listener_backlog_bytes", Help: "Bytes of the datagrams the backlog holds for the connections waiting in it.",
+		}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stratum_listener_backlog_held_total", Help: "New connections that waited in the backlog for room.",
 		}),
@@ -112,7 +116,7 @@ func newMetrics(active func() float64) *metrics {
 			Name: "stratum_listener_backlog_let_in_total", Help: "New connections let in from the backlog, oldest first, as room freed.",
 		}),
 	}
-	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.dropped, m.backlog, m.held, m.letIn,
+	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.dropped, m.backlog, m.backlogBytes, m.held, m.letIn,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stratum_listener_connections", Help: "QUIC connections being served."}, active),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outcomeJoined, outcomePending, outcomeRefused, outcomeFailedProof, outcomeAbandoned, outcomeError} {

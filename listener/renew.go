@@ -31,10 +31,7 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	// A certificate the listener cannot accept is refused by name, after
 	// the request is read, so the agent knows not to retry.
 	refuse := func(msg string, cause error) (wire.CloseCode, error) {
-		requesting := l.waitOnPeer()
-		_, _, err := readNodeRequest(str)
-		requesting()
-		if err != nil {
+		if _, _, err := l.readNodeRequest(str); err != nil {
 			return wire.CloseAuth, fmt.Errorf("%s: %w", msg, cause)
 		}
 		res := &wire.Result{Status: wire.StatusRefused, Code: wire.CodeCertInvalid, Message: msg + "; join again with a new code"}
@@ -66,9 +63,7 @@ func (l *Listener) Renew(ctx context.Context, str Stream, peer []*x509.Certifica
 	if err != nil {
 		return refuse("this node's certificate names no node of this cluster", err)
 	}
-	requesting := l.waitOnPeer()
-	req, leave, err := readNodeRequest(str)
-	requesting()
+	req, leave, err := l.readNodeRequest(str)
 	if err != nil {
 		return wire.CloseProtocol, fmt.Errorf("read renew: %w", err)
 	}
@@ -109,7 +104,7 @@ func (l *Listener) verifiesBeforeExpiry(raw [][]byte, roots []*x509.Certificate,
 
 // refuseExpired reads the request and refuses it NODE_CERT_EXPIRED.
 func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (wire.CloseCode, error) {
-	if _, _, err := readNodeRequest(str); err != nil {
+	if _, _, err := l.readNodeRequest(str); err != nil {
 		return wire.CloseAuth, fmt.Errorf("read renew: %w", err)
 	}
 	msg := fmt.Sprintf("this node's certificate expired at %s, longer ago than the %s this cluster renews after expiry; join it again with a new code", notAfter.UTC().Format(time.RFC3339), l.cfg.RenewGrace)
@@ -118,7 +113,8 @@ func (l *Listener) refuseExpired(str Stream, notAfter time.Time) (wire.CloseCode
 
 // readNodeRequest reads the one request of a node connection: a Renew, or
 // a Leave (leave is true, req nil).
-func readNodeRequest(str Stream) (req *wire.Renew, leave bool, err error) {
+func (l *Listener) readNodeRequest(str Stream) (req *wire.Renew, leave bool, err error) {
+	defer l.waitOnPeer()()
 	str.SetReadDeadline(time.Now().Add(helloTimeout))
 	typ, body, err := wire.ReadFrame(str)
 	if err != nil {
