@@ -72,7 +72,8 @@ type Config struct {
 	MaxHandshakes int
 	// MaxActive bounds the connections at work at once: handshakes, and
 	// joins and renewals past them, but not the joins waiting for an
-	// approval (default 128 per CPU; negative: no bound). Past it, or
+	// approval, nor connections waiting on their peer for longer than
+	// PeerGrace (default 128 per CPU; negative: no bound). Past it, or
 	// past MaxHandshakes, new connections wait in a backlog of Backlog
 	// connections (default 16,384), first come first served, for up to
 	// BacklogWait (default 25s, within the agent's 30 s dial timeout); a

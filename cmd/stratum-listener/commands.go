@@ -243,7 +243,7 @@ func serveCommand() *cobra.Command {
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().IntVar(&cfg.MaxConnections, "max-connections", 2048, "join connections served at once; agents beyond it back off and retry")
 	cmd.Flags().IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "QUIC handshakes in progress at once; past it new connections wait in the backlog (-1: no bound; default 256 per CPU)")
-	cmd.Flags().IntVar(&cfg.MaxActive, "max-active", 0, "connections at work at once (handshakes, joins and renewals, but not joins waiting for an approval); past it new connections wait in the backlog, first come first served (-1: no bound; default 128 per CPU)")
+	cmd.Flags().IntVar(&cfg.MaxActive, "max-active", 0, "connections at work at once (handshakes, joins and renewals, but not joins waiting for an approval or connections waiting on their peer past a second); past it new connections wait in the backlog, first come first served (-1: no bound; default 128 per CPU)")
 	cmd.Flags().IntVar(&cfg.Backlog, "backlog", 0, "new connections that may wait for room under --max-active and --max-handshakes, each up to 25s; past it their first packets are dropped and agents send them again (default 16384)")
 	cmd.Flags().IntVar(&cfg.GCHeadroomMiB, "gc-headroom", gcfloor.DefaultHeadroom>>20, "MiB the heap may grow between garbage collections while the live heap is smaller (0: GOGC's doubling alone; GOGC or GOMEMLIMIT in the environment override it)")
 	cmd.Flags().IntVar(&cfg.MaxRenewals, "max-renewals", 512, "renewal connections served at once, apart from joins")
