@@ -63,16 +63,7 @@ func FuzzIsInitial(f *testing.F) {
 // the datagrams the gate keeps, in order, each whole and with its source,
 // and none it drops, however the kernel batches them.
 func TestGatedConnLeavesOutDropped(t *testing.T) {
-	server, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	client, err := net.DialUDP("udp", nil, server.LocalAddr().(*net.UDPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	server, client := udpPair(t)
 	drop := func(p []byte, _ net.Addr) bool { return bytes.HasPrefix(p, []byte("drop")) }
 	gc := newGatedConn(server, func(d heldDatagram) bool { return !drop(d.data, d.from) })
 
@@ -90,11 +81,7 @@ func TestGatedConnLeavesOutDropped(t *testing.T) {
 	}
 	// as quic-go reads: a buffer a message, the same buffer at the same
 	// index every batch
-	ms := make([]ipv4.Message, 4)
-	for i := range ms {
-		ms[i].Buffers = [][]byte{make([]byte, 1500)}
-		ms[i].OOB = make([]byte, 128)
-	}
+	ms := quicGoMessages(4)
 	server.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var got []string
 	for len(got) < len(want) {
@@ -125,16 +112,7 @@ func TestGatedConnLeavesOutDropped(t *testing.T) {
 // (here of two sizes) are returned as read, dropped packets included,
 // rather than moved where one might not fit.
 func TestGatedConnKeepsOddBatches(t *testing.T) {
-	server, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	client, err := net.DialUDP("udp", nil, server.LocalAddr().(*net.UDPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	server, client := udpPair(t)
 	gc := newGatedConn(server, func(d heldDatagram) bool { return !bytes.HasPrefix(d.data, []byte("drop")) })
 	sent := []string{"drop 0", "keep 1"}
 	for _, p := range sent {
