@@ -326,63 +326,42 @@ func withSource(ctx context.Context, src netip.Addr) context.Context {
 	return context.WithValue(ctx, sourceKey{}, src)
 }
 
-// admitStart charges a join start whose Hello names a locator of a shape
-// that burns (a join code's, or none) to its source, before the locator
-// is looked up, so the answer to a start over budget depends on the
-// shape its sender chose and never on whether a secret has it. A token's
-// or key's start is not charged: nothing burns them, and nothing is
-// written for them before the KE2 (cluster.CountsBeforeKE2). Past the
-// budget it returns the refusal to answer in place of the Challenge.
-func (l *Listener) admitStart(ctx context.Context, locator string) (context.Context, *wire.Result, error) {
+// startBudget is the budget a join start whose Hello names locator is
+// charged to, or nil when it is not charged: a token's or key's start
+// (nothing burns them, and nothing is written for them before the KE2,
+// cluster.CountsBeforeKE2), a start whose source is not known, or a
+// listener with the budget off. Begin charges it in the transaction that
+// counts the start, and answers a source over budget before it looks the
+// locator up, so that answer depends on the shape its sender chose and
+// never on whether a secret has it.
+func (l *Listener) startBudget(ctx context.Context, locator string) *cluster.StartBudget {
 	src, ok := ctx.Value(sourceKey{}).(netip.Addr)
-	if !ok || !cluster.CountsBeforeKE2(locator) {
-		return ctx, nil, nil
+	if !ok || !cluster.CountsBeforeKE2(locator) || l.cfg.UnprovenPerSource < 0 {
+		return nil
 	}
-	ctx, after, ok, err := l.chargeStart(ctx, src)
-	if err != nil || ok {
-		return ctx, nil, err
-	}
-	l.warnOverBudget(src)
-	return ctx, rateLimitedResult(after), nil
+	return &cluster.StartBudget{Source: src, Budget: cluster.Budget{PerAddress: l.cfg.UnprovenPerSource, PerPrefix: l.cfg.UnprovenPerPrefix, Window: l.cfg.BudgetWindow}}
 }
 
-// chargeStart charges a join start to its source. Over budget it waits a
-// while for a refund; then ok is false with how long the source should
-// wait.
-func (l *Listener) chargeStart(ctx context.Context, src netip.Addr) (context.Context, time.Duration, bool, error) {
-	if l.cfg.UnprovenPerSource < 0 {
-		return ctx, 0, true, nil
+// withCharge keeps a counted start's budget charge for Prove or
+// refundProven to give back.
+func withCharge(ctx context.Context, ch cluster.Charge) context.Context {
+	if !ch.Charged() {
+		return ctx
 	}
-	b := cluster.Budget{PerAddress: l.cfg.UnprovenPerSource, PerPrefix: l.cfg.UnprovenPerPrefix, Window: l.cfg.BudgetWindow}
-	wait := time.NewTimer(l.cfg.BudgetWait)
-	defer wait.Stop()
-	for {
-		woken := l.refundSignal()
-		ch, ok, after, err := l.cluster.ChargeStart(ctx, src, b)
-		if err != nil {
-			return ctx, 0, false, err
-		}
-		if ok {
-			return context.WithValue(ctx, chargeKey{}, &startCharge{ch: ch}), 0, true, nil
-		}
-		// refunds on other listeners sharing the store are seen by the poll
-		poll := time.NewTimer(time.Second)
-		select {
-		case <-ctx.Done():
-			poll.Stop()
-			return ctx, 0, false, ctx.Err()
-		case <-wait.C:
-			poll.Stop()
-			// A slot frees only when a charge ages out of the window or
-			// is refunded, whatever the source is told, so honest holders
-			// are told to come back soon (their own starts may be refunded
-			// by then), not when the oldest charge ages out.
-			return ctx, min(max(after, time.Second), maxRetryAfter), false, nil
-		case <-woken:
-		case <-poll.C:
-		}
-		poll.Stop()
+	return context.WithValue(ctx, chargeKey{}, &startCharge{ch: ch})
+}
+
+// overBudget answers a start whose source stayed over its budget for
+// BudgetWait: come back when a slot frees, within a second and
+// maxRetryAfter. A slot frees only when a charge ages out of the window
+// or is refunded, whatever the source is told, so honest holders are
+// told to come back soon (their own starts may be refunded by then), not
+// when the oldest charge ages out.
+func (l *Listener) overBudget(ctx context.Context, att cluster.Attempt) *wire.Result {
+	if src, ok := ctx.Value(sourceKey{}).(netip.Addr); ok {
+		l.warnOverBudget(src)
 	}
+	return rateLimitedResult(min(max(att.RetryAfter, time.Second), maxRetryAfter))
 }
 
 func (l *Listener) refundSignal() <-chan struct{} {

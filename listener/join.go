@@ -50,28 +50,21 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		return wire.CloseProtocol, fmt.Errorf("read hello: %w", err)
 	}
 	rep.phase("hello")
-	ctx, refusal, err := l.admitStart(ctx, hello.Locator)
-	if err != nil {
-		// The budget could not be read or written: no Challenge leaves,
-		// and the agent is told the store failed, which says nothing
-		// about the code.
-		l.logger.Warn("charge start", "remote", rep.remote, "err", err)
-		return wire.CloseDone, errors.Join(fmt.Errorf("charge start: %w", err), rep.write(str, l.unavailable(err)))
-	}
-	if refusal != nil {
-		return wire.CloseDone, rep.write(str, refusal)
-	}
 
 	// A code's unknown and inactive locators cost one durable write too
 	// (see cluster.standIn), and no path of a token's or key's shape
 	// writes (cluster.CountsBeforeKE2), so the Challenge's timing does not
 	// tell the paths of one shape apart. The guess a KE1 asks lets a
-	// repeated one resume its counted attempt.
+	// repeated one resume its counted attempt. A code's start is charged
+	// to its source's budget in the same write.
 	ke1 := pake.ParseKE1(hello.KE1) // decoded once, for the guess and the KE2
 	guess := ke1.Guess()
 	t0 := time.Now()
-	att, err := l.beginAttempt(ctx, cluster.BeginRequest{Locator: hello.Locator, Commit: hello.Attempt, Guess: guess})
+	att, err := l.beginAttempt(ctx, cluster.BeginRequest{Locator: hello.Locator, Commit: hello.Attempt, Guess: guess, Budget: l.startBudget(ctx, hello.Locator)})
 	l.metrics.storeOp("begin_attempt", t0, err)
+	if err == nil && att.OverBudget { // nothing counted: not an attempt
+		return wire.CloseDone, rep.write(str, l.overBudget(ctx, att))
+	}
 	rep.attempt(att)
 	if errors.Is(err, cluster.ErrBusy) {
 		return wire.CloseInternal, fmt.Errorf("count attempt: %w", err)
@@ -83,6 +76,7 @@ func (l *Listener) Join(ctx context.Context, str Stream, exporter []byte) (close
 		l.logger.Warn("count attempt", "err", err)
 		return wire.CloseDone, errors.Join(fmt.Errorf("count attempt: %w", err), rep.write(str, l.unavailable(err)))
 	}
+	ctx = withCharge(ctx, att.Charge)
 
 	l.mu.RLock()
 	currentFP := l.caFP
@@ -369,8 +363,35 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 func (l *Listener) beginAttempt(ctx context.Context, req cluster.BeginRequest) (cluster.Attempt, error) {
 	ctx, cancel := context.WithTimeout(ctx, cluster.LeaseTime)
 	defer cancel()
+	var budgetWait <-chan time.Time // from the first answer over budget
 	for {
+		var refunded <-chan struct{}
+		if req.Budget != nil {
+			refunded = l.refundSignal() // before Begin reads the budget
+		}
 		att, err := l.cluster.Begin(ctx, req)
+		if err == nil && att.OverBudget {
+			if budgetWait == nil {
+				t := time.NewTimer(l.cfg.BudgetWait)
+				defer t.Stop()
+				budgetWait = t.C
+			}
+			// refunds on other listeners sharing the store are seen by
+			// the poll
+			poll := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+				poll.Stop()
+				return cluster.Attempt{}, ctx.Err()
+			case <-budgetWait:
+				poll.Stop()
+				return att, nil
+			case <-refunded:
+			case <-poll.C:
+			}
+			poll.Stop()
+			continue
+		}
 		if !errors.Is(err, cluster.ErrBusy) {
 			return att, err
 		}

@@ -850,7 +850,7 @@ func (l *Listener) serveJoin(ctx context.Context, conn *quic.Conn, str *quic.Str
 		return wire.CloseInternal
 	}
 	// the start is charged to its source once its Hello names a locator of
-	// a shape that burns (Join, admitStart)
+	// a shape that burns, with its count (Join, startBudget)
 	ctx = withSource(ctx, sourceAddr(conn.RemoteAddr()))
 	code, err := l.Join(ctx, str, exporter)
 	if err != nil {

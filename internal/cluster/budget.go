@@ -68,9 +68,45 @@ func SourcePrefix(a netip.Addr) netip.Prefix {
 // about the start (its locator) is looked at. ok is false when the address
 // or its prefix has spent its budget in the last window; retryAfter then
 // says when its oldest charge frees a slot. Nothing is written for a
-// refused start.
+// refused start. Begin does the same in the transaction that counts the
+// start when its request names the source (BeginRequest.Budget).
 func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch Charge, ok bool, retryAfter time.Duration, err error) {
-	src = src.Unmap()
+	err = c.update(ctx, func(tx *txn) error {
+		ch, ok, retryAfter, err = chargeIn(tx, c.now().UnixNano(), StartBudget{Source: src, Budget: b}, true)
+		return err
+	})
+	if err != nil {
+		return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
+	}
+	return ch, ok, retryAfter, nil
+}
+
+// StartBudget names a start's source and the budget it is charged to.
+type StartBudget struct {
+	Source netip.Addr
+	Budget Budget
+}
+
+// overBudget reports, reading only, whether sb's source has spent its
+// budget, and when a slot frees if so.
+func (c *Cluster) overBudget(ctx context.Context, sb StartBudget) (over bool, retryAfter time.Duration, err error) {
+	err = c.update(ctx, func(tx *txn) error {
+		var ok bool
+		_, ok, retryAfter, err = chargeIn(tx, c.now().UnixNano(), sb, false)
+		over = !ok
+		return err
+	})
+	if err != nil {
+		return false, 0, fmt.Errorf("read budget: %w", err)
+	}
+	return over, retryAfter, nil
+}
+
+// chargeIn checks sb's budget at now in tx and, when write is set and the
+// source is within it, charges the start. Nothing is written for a start
+// over budget.
+func chargeIn(tx *txn, now int64, sb StartBudget, write bool) (ch Charge, ok bool, retryAfter time.Duration, err error) {
+	src, b := sb.Source.Unmap(), sb.Budget
 	if b.Window <= 0 {
 		b.Window = DefaultBudget.Window
 	}
@@ -88,37 +124,30 @@ func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch
 	if len(slots) == 0 {
 		return Charge{}, true, 0, nil
 	}
-	err = c.update(ctx, func(tx *txn) error {
-		now := c.now().UnixNano()
-		cutoff := now - int64(b.Window)
-		ch, ok, retryAfter = Charge{at: now}, true, 0
-		entries := make([]budgetEntry, len(slots))
-		for i, s := range slots {
-			if _, err := tx.getJSON(s.key, &entries[i]); err != nil {
-				return fmt.Errorf("read budget: %w", err)
-			}
-			entries[i].live(cutoff)
-			if n := len(entries[i].Charges); n >= s.limit {
-				// nothing is written for a refused start; a slot frees
-				// when the charge limit places from the newest ages out
-				frees := time.Duration(entries[i].Charges[n-s.limit] - cutoff)
-				ch, ok, retryAfter = Charge{}, false, max(retryAfter, frees)
-			}
+	cutoff := now - int64(b.Window)
+	ch, ok = Charge{at: now}, true
+	entries := make([]budgetEntry, len(slots))
+	for i, s := range slots {
+		if _, err := tx.getJSON(s.key, &entries[i]); err != nil {
+			return Charge{}, false, 0, fmt.Errorf("read budget: %w", err)
 		}
-		if !ok {
-			return nil
+		entries[i].live(cutoff)
+		if n := len(entries[i].Charges); n >= s.limit {
+			// nothing is written for a refused start; a slot frees
+			// when the charge limit places from the newest ages out
+			frees := time.Duration(entries[i].Charges[n-s.limit] - cutoff)
+			ch, ok, retryAfter = Charge{}, false, max(retryAfter, frees)
 		}
-		for i, s := range slots {
-			entries[i].Charges = append(entries[i].Charges, now)
-			tx.put(s.key, entries[i])
-			ch.keys = append(ch.keys, s.key)
-		}
-		return nil
-	})
-	if err != nil {
-		return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
 	}
-	return ch, ok, retryAfter, nil
+	if !ok || !write {
+		return ch, ok, retryAfter, nil
+	}
+	for i, s := range slots {
+		entries[i].Charges = append(entries[i].Charges, now)
+		tx.put(s.key, entries[i])
+		ch.keys = append(ch.keys, s.key)
+	}
+	return ch, true, 0, nil
 }
 
 // Refund gives a proven start's charge back, if it is still inside the

@@ -2,14 +2,18 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stratumjoin/stratum/internal/cluster"
+	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/store"
 	"github.com/stratumjoin/stratum/internal/store/boltstore"
 )
@@ -138,4 +142,117 @@ func boltStore(t *testing.T) store.Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// recordingStore wraps a real store, counting the transactions that
+// commit writes and recording the keys read.
+type recordingStore struct {
+	store.Store
+	mu     sync.Mutex
+	writes int
+	reads  []string
+}
+
+func (s *recordingStore) Get(ctx context.Context, key string) (store.KV, error) {
+	s.mu.Lock()
+	s.reads = append(s.reads, key)
+	s.mu.Unlock()
+	return s.Store.Get(ctx, key)
+}
+
+func (s *recordingStore) Txn(ctx context.Context, cmps []store.Cmp, ops []store.Op) (bool, error) {
+	ok, err := s.Store.Txn(ctx, cmps, ops)
+	if ok && err == nil && len(ops) > 0 {
+		s.mu.Lock()
+		s.writes++
+		s.mu.Unlock()
+	}
+	return ok, err
+}
+
+// took returns what was written and read since the last call.
+func (s *recordingStore) took() (writes int, reads []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	writes, reads = s.writes, s.reads
+	s.writes, s.reads = 0, nil
+	return writes, reads
+}
+
+// TestBeginChargesTheBudgetInItsCount: a code's start that names its
+// source is charged in the transaction that counts it (one write), and
+// so is an unknown locator's; once the source is over budget, a start
+// is answered OverBudget with nothing written and neither locator read;
+// a start refused as busy is not charged; and a token's start is never
+// charged.
+func TestBeginChargesTheBudgetInItsCount(t *testing.T) {
+	rs := &recordingStore{Store: boltStore(t)}
+	c := cluster.New(cluster.Config{Store: rs})
+	ctx := context.Background()
+	code := mintKind(t, c, "jc-budget", cluster.KindCode, 0)
+	r, _ := joincode.RandomLowerBase32(20)
+	token := mintKind(t, c, "jt_"+r, cluster.KindToken, 0)
+	src := netip.MustParseAddr("192.0.2.7")
+	budget := &cluster.StartBudget{Source: src, Budget: cluster.Budget{PerAddress: 2, Window: time.Hour}}
+	rs.took()
+
+	att, err := c.Begin(ctx, cluster.BeginRequest{Locator: code.Locator, Budget: budget})
+	if err != nil || !att.Counted || att.OverBudget || !att.Charge.Charged() {
+		t.Fatalf("first start: %+v, %v; want counted and charged", att, err)
+	}
+	if w, _ := rs.took(); w != 1 {
+		t.Fatalf("a charged count made %d writes, want 1", w)
+	}
+	att, err = c.Begin(ctx, cluster.BeginRequest{Locator: "ZZ", Budget: budget})
+	if err != nil || att.OverBudget || !att.Charge.Charged() {
+		t.Fatalf("unknown locator's start: %+v, %v; want charged", att, err)
+	}
+	if w, _ := rs.took(); w != 1 {
+		t.Fatalf("an unknown locator's charged start made %d writes, want 1", w)
+	}
+	att, err = c.Begin(ctx, cluster.BeginRequest{Locator: code.Locator, Budget: budget})
+	if err != nil || !att.OverBudget || att.RetryAfter <= 0 || att.Counted || att.Charge.Charged() || att.Secret != nil {
+		t.Fatalf("start over budget: %+v, %v; want OverBudget with a wait, uncounted", att, err)
+	}
+	w, reads := rs.took()
+	if w != 0 {
+		t.Fatalf("a start over budget made %d writes", w)
+	}
+	for _, k := range reads {
+		if !strings.HasPrefix(k, "budget/") {
+			t.Fatalf("a start over budget read %q; want only its budget read", k)
+		}
+	}
+	if n, _ := unproven(t, c, code.ID); n != 1 {
+		t.Fatalf("unproven %d after a start over budget, want 1", n)
+	}
+
+	// a busy code: ten starts in flight from elsewhere, then one from a
+	// fresh source is refused as busy and keeps its whole budget
+	busy := mintKind(t, c, "jc-busy", cluster.KindCode, 0)
+	for i := range cluster.MaxUnproven {
+		if _, err := c.Begin(ctx, cluster.BeginRequest{Locator: busy.Locator, Guess: fmt.Sprint("g", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fresh := &cluster.StartBudget{Source: netip.MustParseAddr("198.51.100.1"), Budget: cluster.Budget{PerAddress: 1, Window: time.Hour}}
+	att, err = c.Begin(ctx, cluster.BeginRequest{Locator: busy.Locator, Guess: "another", Budget: fresh})
+	if !errors.Is(err, cluster.ErrBusy) || att.Charge.Charged() {
+		t.Fatalf("start on a busy code: %+v, %v; want ErrBusy, uncharged", att, err)
+	}
+	if att, err := c.Begin(ctx, cluster.BeginRequest{Locator: code.Locator, Budget: fresh}); err != nil || att.OverBudget {
+		t.Fatalf("the busy start's source after it: %+v, %v; want its one start left", att, err)
+	}
+
+	// a token's start is not charged: nothing is written before its KE2
+	rs.took()
+	for range 3 {
+		att, err := c.Begin(ctx, cluster.BeginRequest{Locator: token.Locator, Budget: budget})
+		if err != nil || att.OverBudget || att.Charge.Charged() || !att.Deferred {
+			t.Fatalf("token start: %+v, %v; want deferred and uncharged", att, err)
+		}
+	}
+	if w, _ := rs.took(); w != 0 {
+		t.Fatalf("token starts made %d writes, want none", w)
+	}
 }

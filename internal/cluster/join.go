@@ -36,6 +36,15 @@ type Attempt struct {
 	// was written before its KE2; it is counted when it ends unproven
 	// (Abandon, Orphan) and costs nothing when it proves.
 	Deferred bool
+	// Charge is the start's charge to its source's budget, made in the
+	// transaction that counted it (BeginRequest.Budget); Prove or Refund
+	// gives it back once the start is proven.
+	Charge Charge
+	// OverBudget: the source had spent its budget (BeginRequest.Budget),
+	// so nothing was counted, charged or looked up; a slot frees in
+	// RetryAfter.
+	OverBudget bool
+	RetryAfter time.Duration
 }
 
 // CountsBeforeKE2 reports whether a start naming locator is counted, and so
@@ -82,11 +91,19 @@ type BeginRequest struct {
 	// whose guess is that of a counted attempt still unproven resumes it
 	// and counts nothing: it asks the same question again.
 	Guess string
+	// Budget, when set, charges a counted start to its source's budget
+	// in the transaction that counts it: one durable write for both. A
+	// source over its budget is answered (Attempt.OverBudget) before the
+	// locator is looked up or locked, so the answer is the same whether
+	// or not a secret has it. Starts that are not counted before the KE2
+	// (CountsBeforeKE2) are not charged.
+	Budget *StartBudget
 }
 
 // Begin is BeginAttempt with the agent's commitment and guess.
 func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) {
 	if !CountsBeforeKE2(req.Locator) {
+		req.Budget = nil
 		return c.beginDeferred(ctx, req)
 	}
 	return c.beginCounted(ctx, req)
@@ -95,11 +112,33 @@ func (c *Cluster) Begin(ctx context.Context, req BeginRequest) (Attempt, error) 
 // beginCounted counts a start in one durable transaction (see Begin).
 func (c *Cluster) beginCounted(ctx context.Context, req BeginRequest) (Attempt, error) {
 	locator, commit := req.Locator, req.Commit
+	if req.Budget != nil {
+		// a source over budget is answered before its locator is
+		// locked or read; the transaction below checks again
+		over, after, err := c.overBudget(ctx, *req.Budget)
+		if err != nil {
+			return Attempt{}, fmt.Errorf("count attempt: %w", err)
+		}
+		if over {
+			return Attempt{OverBudget: true, RetryAfter: after}, nil
+		}
+	}
 	ctx, unlock := c.locks.lock(ctx, locator)
 	defer unlock()
 	var att Attempt
 	err := c.update(ctx, func(tx *txn) error {
 		att = Attempt{}
+		if req.Budget != nil {
+			ch, ok, after, err := chargeIn(tx, c.now().UnixNano(), *req.Budget, true)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				att.OverBudget, att.RetryAfter = true, after
+				return nil
+			}
+			att.Charge = ch
+		}
 		s, err := secretByLocator(tx, locator)
 		if err != nil {
 			return err
@@ -155,6 +194,7 @@ func (c *Cluster) beginCounted(ctx context.Context, req BeginRequest) (Attempt, 
 		return nil
 	})
 	if errors.Is(err, ErrBusy) {
+		att.Charge = Charge{} // rolled back with the count
 		return att, err
 	}
 	if err != nil {
