@@ -21,6 +21,8 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/store"
+	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // the bolt: scheme
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/pki"
 )
@@ -68,7 +70,13 @@ func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
 // the durable writes this design makes per join, each an append and an
 // fdatasync: for a join code's join the count before the KE2 leaves and
 // the record before the Result; with STRATUM_BENCH_FLOOR_WRITES=1 (a
-// token's or key's join, counted only if it fails) the record alone.
+// token's or key's join, counted only if it fails) the record alone. With
+// STRATUM_BENCH_FLOOR_STORE=bolt each of those writes is instead a
+// transaction on the listener's own store (a bbolt file in
+// STRATUM_BENCH_FLOOR_DIR, opened as the listener opens it) writing the
+// keys the listener writes then: the secret's record for the count, and
+// for the record the secret, node, join, join index, serial index and
+// event, at their sizes in the listener's store.
 func runFloorServer() int {
 	mode := os.Getenv("STRATUM_BENCH_FLOOR")
 	oneShot, durable := mode == "oneshot", mode == "durable"
@@ -83,6 +91,22 @@ func runFloorServer() int {
 			return err
 		}
 		return syscall.Fdatasync(int(journal.Fd()))
+	}
+	var countWrite, recordWrite func([]byte) error
+	countWrite, recordWrite = appendSync, appendSync
+	if durable && os.Getenv("STRATUM_BENCH_FLOOR_STORE") == "bolt" {
+		dir := os.Getenv("STRATUM_BENCH_FLOOR_DIR")
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		st, err := store.Open(context.Background(), "bolt:"+filepath.Join(dir, fmt.Sprintf("floor-%d.db", os.Getpid())))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer st.Close()
+		fs := &floorStore{st: st}
+		countWrite, recordWrite = fs.count, fs.record
 	}
 	if oneShot || durable {
 		ksf = pake.NoKSF
@@ -142,7 +166,7 @@ func runFloorServer() int {
 			if err != nil {
 				return
 			}
-			if countBeforeKE2 && appendSync([]byte(hello.Locator)) != nil {
+			if countBeforeKE2 && countWrite([]byte(hello.Locator)) != nil {
 				return
 			}
 			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: k.ksf}) != nil {
@@ -165,7 +189,7 @@ func runFloorServer() int {
 				return
 			}
 			if journal != nil {
-				if appendSync(der) != nil {
+				if recordWrite(der) != nil {
 					return
 				}
 			}
@@ -212,4 +236,61 @@ func helloChallenge(ctx context.Context, conn *quic.Conn, locator string, passwo
 	}
 	var ch wire.Challenge
 	return str, wire.Read(str, &ch)
+}
+
+// floorStore makes the floor's durable writes as the listener's store
+// transactions: one secret whose record every write rewrites, and per
+// join the keys a join without hardware facts adds (no identity index).
+type floorStore struct {
+	st store.Store
+	// mu makes the writes of the one secret queue, as the listener's
+	// per-secret lock does, rather than fail their comparison and retry
+	mu sync.Mutex
+}
+
+const floorSecretKey = "secret/floor"
+
+// rewriteSecret reads the secret's record and writes it back in one
+// transaction with ops, as the listener's count and join do.
+func (f *floorStore) rewriteSecret(ops ...store.Op) error {
+	ctx := context.Background()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for {
+		kv, err := f.st.Get(ctx, floorSecretKey)
+		if err != nil {
+			return err
+		}
+		ok, err := f.st.Txn(ctx, []store.Cmp{{Key: floorSecretKey, Rev: kv.Rev}}, append(ops, store.Op{Key: floorSecretKey, Value: floorValue(1047)}))
+		if err != nil || ok {
+			return err
+		}
+	}
+}
+
+func (f *floorStore) count([]byte) error { return f.rewriteSecret() }
+
+func (f *floorStore) record(der []byte) error {
+	node, join := floorID(13), floorID(10)
+	return f.rewriteSecret(
+		store.Op{Key: "node/node-" + node, Value: floorValue(513)},
+		store.Op{Key: "join/join-" + join, Value: floorValue(360)},
+		store.Op{Key: "joinkey/floor/" + floorID(32), Value: floorValue(25)},
+		store.Op{Key: "serial/" + floorID(16), Value: floorValue(40)},
+		store.Op{Key: fmt.Sprintf("event/%020d", time.Now().UnixNano()), Value: floorValue(363)},
+	)
+}
+
+func floorID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%x", b)
+}
+
+func floorValue(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 'x'
+	}
+	return b
 }

@@ -95,16 +95,31 @@ type herdResult struct {
 	peakStorePages           int           // KiB: the most of the store's mapping sampled resident
 	floorCPU                 time.Duration // the floor server's CPU per exchange in a wave: the mean of floorBefore and floorAfter
 	floorBefore, floorAfter  time.Duration // the floor measured just before the herd and just after it
-	storeBytes               int64
-	firstFailures            []string
-	causes                   map[string]int // transient failures by kind
+	// floorDuring is the floor measured while the herd runs, on a machine
+	// as loaded as the listener's (0 if not measured); floorDuringAt is
+	// when that began and ended, from the herd's start, and
+	// floorDuringWhole whether it ended before the herd did
+	floorDuring      time.Duration
+	floorDuringAt    [2]time.Duration
+	floorDuringWhole bool
+	storeBytes       int64
+	firstFailures    []string
+	causes           map[string]int // transient failures by kind
 }
 
 func (r herdResult) floorNote() string {
 	if r.floorCPU == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (floor %s per exchange in a wave of %d: %s just before the herd, %s just after)", ms(r.floorCPU), herdFloorWidth, ms(r.floorBefore), ms(r.floorAfter))
+	note := fmt.Sprintf(" (floor %s per exchange in a wave of %d: %s just before the herd, %s just after", ms(r.floorCPU), herdFloorWidth, ms(r.floorBefore), ms(r.floorAfter))
+	if r.floorDuring > 0 {
+		whole := "all of it during the herd"
+		if !r.floorDuringWhole {
+			whole = "ending after the herd did"
+		}
+		note += fmt.Sprintf("; %s during it, %d exchanges from %s to %s, %s", ms(r.floorDuring), herdProbeExchanges, secs(r.floorDuringAt[0]), secs(r.floorDuringAt[1]), whole)
+	}
+	return note + ")"
 }
 
 func (r herdResult) String() string {
@@ -230,7 +245,7 @@ func BenchmarkHerd(b *testing.B) {
 	// in a wave of 256 at once (half the listener's bound on handshakes)
 	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
 	for run := 1; run <= runs; run++ {
-		r := herdTokens(b, n, procs, floor, floorAddr)
+		r := herdTokens(b, n, procs, floor, floorAddr, false)
 		b.Logf("run %d, tokens: %s", run, r)
 		tokens = append(tokens, r)
 		if codesN > 0 {
@@ -243,7 +258,21 @@ func BenchmarkHerd(b *testing.B) {
 			oneCode = append(oneCode, r)
 		}
 	}
-	b.Logf("tokens over %d runs: %s", runs, herdSpread(tokens))
+	if len(tokens) > 0 {
+		b.Logf("tokens over %d runs: %s", runs, herdSpread(tokens))
+	}
+	// The floor above is measured on a machine the herd has left or not
+	// yet reached. The listener's joins run among the agents' processes,
+	// which take its cores' caches and cause switches; the floor measured
+	// beside them shows what that costs the same bare work. It loads the
+	// machine more, so this run's latencies are not the herd's figures.
+	for run := 1; run <= envInt("STRATUM_HERD_PROBE_RUNS", 1); run++ {
+		r := herdTokens(b, n, procs, floor, floorAddr, true)
+		b.Logf("tokens, the floor also measured during the herd, run %d: %s", run, r)
+		b.Logf("tokens, run %d: listener CPU %s per join: %.2fx the floor measured during the herd (%s), %.2fx the floor before and after it (%s)",
+			run, ms(r.listenerCPU/time.Duration(r.n)), float64(r.listenerCPU)/float64(r.n)/float64(r.floorDuring), ms(r.floorDuring),
+			float64(r.listenerCPU)/float64(r.n)/float64(r.floorCPU), ms(r.floorCPU))
+	}
 	if len(codes) > 0 {
 		b.Logf("batch codes over %d runs: %s", runs, herdSpread(codes))
 		b.Logf("one code over %d runs: %s", runs, herdSpread(oneCode))
@@ -305,8 +334,9 @@ func herdSpread(rs []herdResult) string {
 // herdTokens is one herd of n machines, each with a joinTokens token of
 // its own (maxUses 1), as provisioning hands them out: no approval, no
 // per-secret cap. The first procs are real processes; floor, at
-// floorAddr, is the floor server measured beside it.
-func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string) herdResult {
+// floorAddr, is the floor server measured beside it; with probe, also
+// during the herd (herdProbeExchanges from herdProbeAfter on).
+func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, probe bool) herdResult {
 	p := startListener(b, false, herdServeArgs...)
 	defer p.stop()
 	tokens := p.mintTokens(b, n)
@@ -320,16 +350,48 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string) h
 	// so a machine whose speed drifts moves the floor with the herd
 	// between them
 	before := floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
-	r := runHerd(b, p, agents, nil)
+	var side func(context.Context)
+	var during time.Duration
+	var duringAt [2]time.Duration
+	var duringWhole bool
+	var duringErr error
+	if probe {
+		side = func(ctx context.Context) {
+			start := time.Now()
+			select {
+			case <-time.After(herdProbeAfter):
+			case <-ctx.Done():
+				return
+			}
+			during, duringErr = floorCPU(floor, floorAddr, herdProbeExchanges, herdFloorWidth)
+			duringAt = [2]time.Duration{herdProbeAfter, time.Since(start)}
+			duringWhole = ctx.Err() == nil
+		}
+	}
+	r := runHerd(b, p, agents, side)
 	if r.failed != 0 {
 		b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
 	}
+	if duringErr != nil {
+		b.Fatalf("floor during the herd: %v", duringErr)
+	}
+	if probe && during == 0 {
+		b.Fatalf("the herd ended within %s, before the floor was measured during it", herdProbeAfter)
+	}
+	r.floorDuring, r.floorDuringAt, r.floorDuringWhole = during, duringAt, duringWhole
 	r.floorBefore, r.floorAfter = before, floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
 	r.floorCPU = (r.floorBefore + r.floorAfter) / 2
 	return r
 }
 
 const herdFloorExchanges, herdFloorWidth = 3000, 256
+
+// The floor measured during a herd: from 5 s in (every agent has started
+// by then), 2,000 exchanges, which take some 5 s beside a 10,000-agent herd.
+const (
+	herdProbeAfter     = 5 * time.Second
+	herdProbeExchanges = 2000
+)
 
 // herdCodes is one herd of m machines sharing join codes of perCode uses
 // (a rack each), procs of them real processes. Unless autoApprove, every
