@@ -266,7 +266,12 @@ func BenchmarkHerd(b *testing.B) {
 	// which take its cores' caches and cause switches; the floor measured
 	// beside them shows what that costs the same bare work. It loads the
 	// machine more, so this run's latencies are not the herd's figures.
-	for run := 1; run <= envInt("STRATUM_HERD_PROBE_RUNS", 1); run++ {
+	// (by default once, in herds long enough to measure it in: `make herd`)
+	probes := 0
+	if n >= 5000 {
+		probes = 1
+	}
+	for run := 1; run <= envInt("STRATUM_HERD_PROBE_RUNS", probes); run++ {
 		r := herdTokens(b, n, procs, floor, floorAddr, true)
 		b.Logf("tokens, the floor also measured during the herd, run %d: %s", run, r)
 		b.Logf("tokens, run %d: listener CPU %s per join: %.2fx the floor measured during the herd (%s), %.2fx the floor before and after it (%s)",
