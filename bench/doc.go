@@ -2,6 +2,12 @@
 // join latency, listener CPU per join against the floor (one QUIC server
 // handshake, one OPAQUE KE2, one certificate signature), listener memory,
 // Challenge timing for live, inactive and unknown secrets, and the herd.
+// Beside the bare floor stand the floor with a join's durable writes as
+// appends and fdatasyncs (the least any store could do), and with them as
+// the listener's own bbolt transactions (what the design's default store
+// costs), so the listener's own share shows; the herd's floor is measured
+// before and after the herd, and once while it runs, on a machine as
+// loaded as the listener's.
 // A process's CPU is read from its kernel CPU clock, to the nanosecond
 // (the 10 ms ticks of /proc/PID/stat were a tenth of a block of floor
 // exchanges); one test checks that clock, another the herd's count of

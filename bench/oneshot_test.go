@@ -61,7 +61,13 @@ func agentStarts(b *testing.B, n int) (wall, cpu []time.Duration) {
 // the admin socket (as the bootstrap admin, in the default organization).
 func (p *proc) mintJoinKey(b *testing.B) string {
 	b.Helper()
-	body := `{"name":"bench-oneshot","networkID":"net-bench","expiresAt":"2099-01-01T00:00:00Z"}`
+	return p.mintJoinKeyAs(b, "bench-oneshot", time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC))
+}
+
+// mintJoinKeyAs mints a join key named name that expires at expires.
+func (p *proc) mintJoinKeyAs(b *testing.B, name string, expires time.Time) string {
+	b.Helper()
+	body := fmt.Sprintf(`{"name":%q,"networkID":"net-bench","expiresAt":%q}`, name, expires.UTC().Format(time.RFC3339))
 	resp, err := socketClient(p.sock).Post("http://stratum-admin/v1/join-keys", "application/json", strings.NewReader(body))
 	if err != nil {
 		b.Fatal(err)

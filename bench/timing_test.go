@@ -12,6 +12,7 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -107,7 +108,8 @@ type timingKind struct {
 }
 
 // BenchmarkChallengeTiming tests the claim that nothing before KE3 tells
-// a guesser which kind of record it met: the Challenge sizes must be equal
+// a guesser which kind of record it met, for each shape of locator (join
+// codes, joinTokens tokens, join keys): the Challenge sizes must be equal
 // and no pair of Hello->Challenge timing distributions may be separable by
 // a two-sample Kolmogorov-Smirnov test at 5 %. The kinds are drawn in a
 // random order, so neither machine drift nor the work a completed join
@@ -119,7 +121,11 @@ func BenchmarkChallengeTiming(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("STRATUM_TIMING_N")); err == nil && v > 0 {
 		n = v
 	}
-	p := startListener(b, true)
+	registry := filepath.Join(b.TempDir(), "registry.yaml")
+	if err := os.WriteFile(registry, []byte(benchRegistry), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	p := startListener(b, true, "--registry", registry)
 	ctx := context.Background()
 	parse := func(f []string) joincode.Secret {
 		sec, err := joincode.Parse(f[0])
@@ -164,7 +170,19 @@ func BenchmarkChallengeTiming(b *testing.B) {
 	if _, _, err := challengeTime(ctx, p.endpoint, usedUpToken, true); err != nil {
 		b.Fatalf("use up a token: %v", err)
 	}
-	unknownToken, err := joincode.NewToken("jt_" + strings.Repeat("0", 26))
+	// an unknown token id of the minted ones' length (jt_ and 52
+	// symbols): a guesser probing for a token sends ids of that shape
+	unknownToken, err := joincode.NewToken("jt_" + strings.Repeat("0", len(liveToken.Locator)-len("jt_")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Join keys are a third: live, expired, and an unknown id of their
+	// length (dnjoin- and 26 symbols)
+	liveKey := parse([]string{p.mintJoinKey(b)})
+	expiring := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
+	expiredKey := parse([]string{p.mintJoinKeyAs(b, "timing-expired", expiring)})
+	time.Sleep(time.Until(expiring) + 100*time.Millisecond)
+	unknownKey, err := joincode.NewKey("dnjoin-" + strings.Repeat("A", len(liveKey.Locator)-len("dnjoin-")))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -178,6 +196,9 @@ func BenchmarkChallengeTiming(b *testing.B) {
 		{"token", "revoked", revokedToken, false},
 		{"token", "used-up", usedUpToken, false},
 		{"token", "unknown", unknownToken, false},
+		{"key", "live", liveKey, true},
+		{"key", "expired", expiredKey, false},
+		{"key", "unknown", unknownKey, false},
 	}
 
 	schedule := make([]int, 0, n*len(kinds))
@@ -201,7 +222,7 @@ func BenchmarkChallengeTiming(b *testing.B) {
 		sizes[k][size] = true
 	}
 
-	for _, fam := range []string{"code", "token"} {
+	for _, fam := range []string{"code", "token", "key"} {
 		var members []int
 		for k := range kinds {
 			if kinds[k].family == fam {

@@ -151,6 +151,35 @@ func TestCodeStillBurns(t *testing.T) {
 	}
 }
 
+// TestBurnDropsOrphans: the commitments of a code's orphaned attempts are
+// kept for refunds while it is live, and dropped when it burns (nothing
+// revives a burned code); its count of failed attempts stays.
+func TestBurnDropsOrphans(t *testing.T) {
+	ctx := context.Background()
+	c := boltCluster(t)
+	s := mintKind(t, c, "jc-orphans", cluster.KindCode, 0)
+	for i := range cluster.MaxUnproven {
+		_, commit, guess := nonceOf("burner", i)
+		att, err := c.Begin(ctx, cluster.BeginRequest{Locator: s.Locator, Commit: commit, Guess: guess})
+		if err != nil || !att.Counted {
+			t.Fatalf("start %d: %v counted %v", i, err, att.Counted)
+		}
+		if err := c.Orphan(ctx, att); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := c.Secret(ctx, s.ID); len(got.Orphans) != cluster.MaxUnproven {
+		t.Fatalf("%d orphans before the burn, want %d", len(got.Orphans), cluster.MaxUnproven)
+	}
+	if att, err := c.Begin(ctx, cluster.BeginRequest{Locator: s.Locator, Guess: "the 11th"}); err != nil || !att.Burned {
+		t.Fatalf("11th start: %+v, %v; want it to burn the code", att, err)
+	}
+	got, _ := c.Secret(ctx, s.ID)
+	if !got.Burned() || len(got.Orphans) != 0 || got.Unproven != cluster.MaxUnproven {
+		t.Fatalf("after the burn: burned %v, %d orphans, unproven %d; want burned, none, %d", got.Burned(), len(got.Orphans), got.Unproven, cluster.MaxUnproven)
+	}
+}
+
 // TestUsedUpCodeIsRevoked: the join that spends a code's last use revokes
 // it by system:used-up at that moment, with one event; a new key is then
 // refused as used up, while the key that holds a join resumes it.
