@@ -69,7 +69,8 @@ func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
 // The durable mode (STRATUM_BENCH_FLOOR=durable) is the default floor plus
 // the durable writes this design makes per join, each an append and an
 // fdatasync: for a join code's join the count before the KE2 leaves and
-// the record before the Result; with STRATUM_BENCH_FLOOR_WRITES=1 (a
+// the record before the Result (oneshot-bare is the one-shot floor without
+// its KE3 check and its durable write); with STRATUM_BENCH_FLOOR_WRITES=1 (a
 // token's or key's join, counted only if it fails) the record alone. With
 // STRATUM_BENCH_FLOOR_STORE=bolt each of those writes is instead a
 // transaction on the listener's own store (a bbolt file in
@@ -80,8 +81,14 @@ func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
 func runFloorServer() int {
 	mode := os.Getenv("STRATUM_BENCH_FLOOR")
 	oneShot, durable := mode == "oneshot", mode == "durable"
+	// oneshot-bare: the one-shot floor's record (no KSF) without its KE3
+	// check and durable write, the bare floor a one-shot client can join
+	bareOneShot := mode == "oneshot-bare"
 	countBeforeKE2 := durable && os.Getenv("STRATUM_BENCH_FLOOR_WRITES") != "1"
 	ksf := pake.LightestKSF
+	if bareOneShot {
+		ksf = pake.NoKSF
+	}
 	var journal *os.File
 	var journalMu sync.Mutex
 	appendSync := func(b []byte) error {

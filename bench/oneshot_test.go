@@ -104,13 +104,15 @@ type oneShotFigures struct {
 // (Argon2id t=1 8 MiB, minted --auto-approve so no one waits) and a join
 // key, next to the floor measured in the same run: a floor client process
 // (bench/floorclient) doing only what a token join must, against
-// a floor server doing only what the listener must; and, for scale, the
-// floor client process that only starts and exits, and `stratum-agent
-// version`. Each repetition takes n turns of one process of every kind,
-// in an order that rotates. It logs per repetition p50 and p90 wall, the client's
-// CPU and the server's CPU per join, then min/median/max over the
-// repetitions, the ratio token p50 / floor p50, and the durable writes:
-// how many fsyncs each side makes and what one costs here.
+// a floor server doing only what the listener must (KE3 check and one
+// durable write included), and against a bare one (neither); and, for
+// scale, the floor client process that only starts and exits, and
+// `stratum-agent version`. Each repetition takes n turns of one process of
+// every kind, in an order that rotates. It logs per repetition p50 and p90
+// wall, the client's CPU and the server's CPU per join, then min/median/max
+// over the repetitions, the ratios token p50 / floor p50 and listener CPU /
+// floor server CPU per join, and the durable writes: how many fsyncs each
+// side makes and what one costs here.
 //
 // The listener's per-source budgets (unproven starts, connections) and its
 // Retry threshold are lifted: every agent here comes from 127.0.0.1, and a
@@ -131,6 +133,8 @@ func BenchmarkOneShotJoin(b *testing.B) {
 
 	floorDir := b.TempDir()
 	floor, addr := startFloor(b, "STRATUM_BENCH_FLOOR=oneshot", "STRATUM_BENCH_FLOOR_DIR="+floorDir)
+	// and the bare floor: the same exchange, no KE3 check, no durable write
+	bare, bareAddr := startFloor(b, "STRATUM_BENCH_FLOOR=oneshot-bare")
 
 	type kind struct {
 		name string
@@ -145,6 +149,7 @@ func BenchmarkOneShotJoin(b *testing.B) {
 		{"agent, default code", agentKind(code), p.cmd.Process.Pid},
 		{"agent, join key", agentKind(joinKey), p.cmd.Process.Pid},
 		{"floor (token)", func() ([]time.Duration, []time.Duration) { return floorJoins(b, addr, 1) }, floor.Process.Pid},
+		{"bare floor (token)", func() ([]time.Duration, []time.Duration) { return floorJoins(b, bareAddr, 1) }, bare.Process.Pid},
 		{"floor process start", func() ([]time.Duration, []time.Duration) { return floorJoins(b, "start", 1) }, 0},
 		{"agent version", func() ([]time.Duration, []time.Duration) { return agentStarts(b, 1) }, 0},
 	}
@@ -152,6 +157,7 @@ func BenchmarkOneShotJoin(b *testing.B) {
 	// page cache
 	agentJoins(b, p, token, 1)
 	floorJoins(b, addr, 1)
+	floorJoins(b, bareAddr, 1)
 
 	// Each repetition takes n turns; each turn runs one process of every
 	// kind, in an order that rotates from turn to turn, so a burst of load
@@ -209,6 +215,16 @@ func BenchmarkOneShotJoin(b *testing.B) {
 		}
 		slices.Sort(ratio)
 		fmt.Fprintf(&t, "%s p50 / floor p50 of the same repetition: %.2fx / %.2fx / %.2fx\n", name, ratio[0], ratio[len(ratio)/2], ratio[len(ratio)-1])
+	}
+	// what the listener spends on a real one-shot token join against what
+	// a bare server spends on its floor, each repetition's own
+	for _, f := range []string{"floor (token)", "bare floor (token)"} {
+		var ratio []float64
+		for r := range reps {
+			ratio = append(ratio, float64(figs["agent, default token"][r].serverCPU)/float64(figs[f][r].serverCPU))
+		}
+		slices.Sort(ratio)
+		fmt.Fprintf(&t, "listener CPU per default token join / %s server CPU per join of the same repetition: %.2fx / %.2fx / %.2fx\n", f, ratio[0], ratio[len(ratio)/2], ratio[len(ratio)-1])
 	}
 	cost := syncCost(b, floorDir, 100)
 	fmt.Fprintf(&t, "durable writes: the floor makes %d fsyncs on the client and %d on the server per join; one 4 KiB write + fdatasync here costs p10 %s p50 %s p90 %s (n=100), so about %s of the floor's p50\n",
