@@ -359,7 +359,9 @@ func (l *Listener) result(out cluster.Outcome) *wire.Result {
 // are all in flight (ErrBusy) so that holders proving the right code at
 // once are not taken for a guessing storm. Waiters queue per secret and
 // are woken one at a time as leases end here; a slow timer covers leases
-// that end on another listener or expire.
+// that end on another listener or expire. A start whose source is over
+// its budget waits up to BudgetWait for a refund (an honest start proving
+// its code) and is then returned OverBudget.
 func (l *Listener) beginAttempt(ctx context.Context, req cluster.BeginRequest) (cluster.Attempt, error) {
 	ctx, cancel := context.WithTimeout(ctx, cluster.LeaseTime)
 	defer cancel()
