@@ -230,54 +230,25 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.RetryAbove == 0 {
-		cfg.RetryAbove = 20
-	}
-	if cfg.MaxConnections == 0 {
-		cfg.MaxConnections = 2048
-	}
+	// zero picks the default (negative values, where allowed, turn a bound off)
+	cfg.RetryAbove = cmp.Or(cfg.RetryAbove, 20)
+	cfg.MaxConnections = cmp.Or(cfg.MaxConnections, 2048)
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = DefaultStoreTimeout
 	}
-	if cfg.MaxHandshakes == 0 {
-		cfg.MaxHandshakes = defaultMaxHandshakes()
-	}
-	if cfg.MaxActive == 0 {
-		cfg.MaxActive = defaultMaxActive()
-	}
-	if cfg.Backlog == 0 {
-		cfg.Backlog = defaultBacklog
-	}
-	if cfg.BacklogWait == 0 {
-		cfg.BacklogWait = defaultBacklogWait
-	}
-	if cfg.PeerGrace == 0 {
-		cfg.PeerGrace = defaultPeerGrace
-	}
-	if cfg.MaxRenewals == 0 {
-		cfg.MaxRenewals = defaultMaxRenewals
-	}
-	if cfg.PerSourceConnections == 0 {
-		cfg.PerSourceConnections = defaultPerSourceConnections
-	}
-	if cfg.FirstStream == 0 {
-		cfg.FirstStream = defaultFirstStream
-	}
-	if cfg.UnprovenPerSource == 0 {
-		cfg.UnprovenPerSource = cluster.DefaultBudget.PerAddress
-	}
-	if cfg.UnprovenPerPrefix == 0 {
-		cfg.UnprovenPerPrefix = cluster.DefaultBudget.PerPrefix
-	}
-	if cfg.BudgetWindow == 0 {
-		cfg.BudgetWindow = cluster.DefaultBudget.Window
-	}
-	if cfg.BudgetWait == 0 {
-		cfg.BudgetWait = defaultBudgetWait
-	}
-	if cfg.RenewGrace == 0 {
-		cfg.RenewGrace = defaultRenewGrace
-	}
+	cfg.MaxHandshakes = cmp.Or(cfg.MaxHandshakes, defaultMaxHandshakes())
+	cfg.MaxActive = cmp.Or(cfg.MaxActive, defaultMaxActive())
+	cfg.Backlog = cmp.Or(cfg.Backlog, defaultBacklog)
+	cfg.BacklogWait = cmp.Or(cfg.BacklogWait, defaultBacklogWait)
+	cfg.PeerGrace = cmp.Or(cfg.PeerGrace, defaultPeerGrace)
+	cfg.MaxRenewals = cmp.Or(cfg.MaxRenewals, defaultMaxRenewals)
+	cfg.PerSourceConnections = cmp.Or(cfg.PerSourceConnections, defaultPerSourceConnections)
+	cfg.FirstStream = cmp.Or(cfg.FirstStream, defaultFirstStream)
+	cfg.UnprovenPerSource = cmp.Or(cfg.UnprovenPerSource, cluster.DefaultBudget.PerAddress)
+	cfg.UnprovenPerPrefix = cmp.Or(cfg.UnprovenPerPrefix, cluster.DefaultBudget.PerPrefix)
+	cfg.BudgetWindow = cmp.Or(cfg.BudgetWindow, cluster.DefaultBudget.Window)
+	cfg.BudgetWait = cmp.Or(cfg.BudgetWait, defaultBudgetWait)
+	cfg.RenewGrace = cmp.Or(cfg.RenewGrace, defaultRenewGrace)
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ package registry
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -244,15 +245,9 @@ func (r *Registry) validate() error {
 		if l.JoinKeys < 0 || l.RequestsPerSecond < 0 || l.Burst < 0 {
 			bad("tenants[%d].limits must not be negative", i)
 		}
-		if l.JoinKeys == 0 {
-			l.JoinKeys = DefaultJoinKeyLimit
-		}
-		if l.RequestsPerSecond == 0 {
-			l.RequestsPerSecond = DefaultRequestsPerSecond
-		}
-		if l.Burst == 0 {
-			l.Burst = DefaultBurst
-		}
+		l.JoinKeys = cmp.Or(l.JoinKeys, DefaultJoinKeyLimit)
+		l.RequestsPerSecond = cmp.Or(l.RequestsPerSecond, DefaultRequestsPerSecond)
+		l.Burst = cmp.Or(l.Burst, DefaultBurst)
 	}
 	sites := map[string]bool{}
 	for i, s := range r.Sites {
