@@ -104,12 +104,26 @@ func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *pr
 	if out, err := exec.Command(filepath.Join(binDir, "stratum-listener"), args...).CombinedOutput(); err != nil {
 		b.Fatalf("init: %v %s", err, out)
 	}
-	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock, "--log-level", "warn")
+	// the default log level, as a service runs: a line for each join's
+	// event, into a file as into the journal (the tail is shown if the
+	// benchmark fails)
+	p.cmd = exec.Command(filepath.Join(binDir, "stratum-listener"), "serve", "--data", p.data, "--listen", p.endpoint, "--admin-socket", p.sock)
 	// the other benchmarks measure one address doing many exchanges: lift
 	// the per-source budget and share unless serveArgs set them again
 	p.cmd.Args = append(p.cmd.Args, "--unproven-per-source=-1", "--connections-per-source=-1")
 	p.cmd.Args = append(p.cmd.Args, serveArgs...)
-	p.cmd.Stderr = os.Stderr
+	logPath := filepath.Join(b.TempDir(), "listener.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.cmd.Stderr = logFile
+	b.Cleanup(func() {
+		logFile.Close()
+		if b.Failed() {
+			b.Logf("the listener's last log lines:\n%s", tailLines(logPath, 30))
+		}
+	})
 	// a bench killed by a timeout must not leave its listener behind
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -124,6 +138,16 @@ func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *pr
 	}
 	b.Fatal("listener did not start")
 	return nil
+}
+
+// tailLines is the last n lines of the file at path.
+func tailLines(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // stop ends the listener; a second call does nothing.
