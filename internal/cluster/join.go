@@ -373,9 +373,9 @@ type unmatchedAttempt struct {
 
 // standInFor is the record an unknown locator's start decodes in place
 // of a secret's: one of its shape's family, of the usual size, so the
-// unknown path of each family reads as much as its found path does. A
-// code template an unknown code's stand-in also writes (standIn); tokens'
-// and keys' starts write nothing.
+// unknown path of each family reads as much as its found path does. An
+// unknown code's stand-in also writes its template (standIn); tokens' and
+// keys' starts write nothing.
 func standInFor(locator string) []byte {
 	switch joincode.LocatorKind(locator) {
 	case joincode.KindToken:
