@@ -64,23 +64,6 @@ func SourcePrefix(a netip.Addr) netip.Prefix {
 	return p
 }
 
-// ChargeStart charges one start from src to the budget, before anything
-// about the start (its locator) is looked at. ok is false when the address
-// or its prefix has spent its budget in the last window; retryAfter then
-// says when its oldest charge frees a slot. Nothing is written for a
-// refused start. Begin does the same in the transaction that counts the
-// start when its request names the source (BeginRequest.Budget).
-func (c *Cluster) ChargeStart(ctx context.Context, src netip.Addr, b Budget) (ch Charge, ok bool, retryAfter time.Duration, err error) {
-	err = c.update(ctx, func(tx *txn) error {
-		ch, ok, retryAfter, err = chargeIn(tx, c.now().UnixNano(), StartBudget{Source: src, Budget: b}, true)
-		return err
-	})
-	if err != nil {
-		return Charge{}, false, 0, fmt.Errorf("charge budget: %w", err)
-	}
-	return ch, ok, retryAfter, nil
-}
-
 // StartBudget names a start's source and the budget it is charged to.
 type StartBudget struct {
 	Source netip.Addr
@@ -103,8 +86,8 @@ func (c *Cluster) overBudget(ctx context.Context, sb StartBudget) (over bool, re
 }
 
 // chargeIn checks sb's budget at now in tx and, when write is set and the
-// source is within it, charges the start. Nothing is written for a start
-// over budget.
+// source is within it, charges the start (Begin, in the transaction that
+// counts it). Nothing is written for a start over budget.
 func chargeIn(tx *txn, now int64, sb StartBudget, write bool) (ch Charge, ok bool, retryAfter time.Duration, err error) {
 	src, b := sb.Source.Unmap(), sb.Budget
 	if b.Window <= 0 {

@@ -36,7 +36,7 @@ func TestBudgetHoldsAcrossListeners(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					ch, allowed, _, err := cs[i%2].ChargeStart(ctx, src, b)
+					ch, allowed, _, err := chargeStart(ctx, cs[i%2], src, b)
 					if err != nil {
 						t.Error(err)
 						return
@@ -51,20 +51,20 @@ func TestBudgetHoldsAcrossListeners(t *testing.T) {
 			if ok.Load() != 4 {
 				t.Fatalf("%d of 20 starts charged, want 4", ok.Load())
 			}
-			_, allowed, after, err := cs[0].ChargeStart(ctx, src, b)
+			_, allowed, after, err := chargeStart(ctx, cs[0], src, b)
 			if err != nil || allowed || after <= 0 || after > time.Hour {
 				t.Fatalf("over budget: allowed %v retryAfter %s err %v", allowed, after, err)
 			}
 			// another address of the /24 has 2 left in the prefix
 			other := netip.MustParseAddr("192.0.2.99")
 			for i := range 3 {
-				_, allowed, _, err := cs[1].ChargeStart(ctx, other, b)
+				_, allowed, _, err := chargeStart(ctx, cs[1], other, b)
 				if err != nil || allowed != (i < 2) {
 					t.Fatalf("prefix start %d: allowed %v err %v", i, allowed, err)
 				}
 			}
 			// a different /24 is not touched
-			if _, allowed, _, err := cs[0].ChargeStart(ctx, netip.MustParseAddr("192.0.3.7"), b); err != nil || !allowed {
+			if _, allowed, _, err := chargeStart(ctx, cs[0], netip.MustParseAddr("192.0.3.7"), b); err != nil || !allowed {
 				t.Fatalf("another /24 refused: %v %v", allowed, err)
 			}
 			// a proven start gives its slot back
@@ -74,7 +74,7 @@ func TestBudgetHoldsAcrossListeners(t *testing.T) {
 				}
 				return false
 			})
-			if _, allowed, _, err := cs[0].ChargeStart(ctx, src, b); err != nil || !allowed {
+			if _, allowed, _, err := chargeStart(ctx, cs[0], src, b); err != nil || !allowed {
 				t.Fatalf("after a refund: allowed %v err %v", allowed, err)
 			}
 		})
@@ -94,7 +94,7 @@ func TestBudgetWindowSlides(t *testing.T) {
 	src := netip.MustParseAddr("2001:db8::1")
 	charge := func(want bool) (cluster.Charge, time.Duration) {
 		t.Helper()
-		ch, allowed, after, err := c.ChargeStart(ctx, src, b)
+		ch, allowed, after, err := chargeStart(ctx, c, src, b)
 		if err != nil || allowed != want {
 			t.Fatalf("at %s: allowed %v, want %v (err %v)", clock.Format(time.TimeOnly), allowed, want, err)
 		}
@@ -132,6 +132,15 @@ func TestBudgetWindowSlides(t *testing.T) {
 	if len(kvs) != 0 {
 		t.Fatalf("%d budget entries left after the sweep", len(kvs))
 	}
+}
+
+// chargeStart starts an attempt from src on a selector no code has,
+// charged to b as a listener charges a code's start, and reports the
+// charge, whether the source was within its budget, and when a slot frees
+// if not.
+func chargeStart(ctx context.Context, c *cluster.Cluster, src netip.Addr, b cluster.Budget) (cluster.Charge, bool, time.Duration, error) {
+	att, err := c.Begin(ctx, cluster.BeginRequest{Locator: "ZZ", Budget: &cluster.StartBudget{Source: src, Budget: b}})
+	return att.Charge, err == nil && !att.OverBudget, att.RetryAfter, err
 }
 
 func boltStore(t *testing.T) store.Store {
