@@ -13,6 +13,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -210,6 +211,14 @@ func BenchmarkChallengeTiming(b *testing.B) {
 		{"key", "unknown", unknownKey, false},
 	}
 
+	families := make([]string, len(kinds))
+	for k := range kinds {
+		families[k] = kinds[k].family
+	}
+	if !slices.Equal(families, timingFamilies) {
+		b.Fatalf("the kinds' families are %v, TestChallengeTimingVerdict simulates %v: keep them the same", families, timingFamilies)
+	}
+
 	schedule := make([]int, 0, n*len(kinds))
 	for k := range kinds {
 		for range n {
@@ -231,10 +240,6 @@ func BenchmarkChallengeTiming(b *testing.B) {
 		sizes[k][size] = true
 	}
 
-	families := make([]string, len(kinds))
-	for k := range kinds {
-		families[k] = kinds[k].family
-	}
 	for _, fam := range []string{"code", "token", "key"} {
 		allSizes := map[int]bool{}
 		for k := range kinds {
