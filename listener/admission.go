@@ -51,6 +51,9 @@ type admission struct {
 	reservedAt   map[netip.AddrPort]time.Time
 	reservations []reservation
 	letIn        func([]heldDatagram)
+	// check is when new connections must prove their address
+	// (addresscheck.go).
+	check addressCheck
 
 	joins    atomic.Int64 // join connections being served
 	renewals atomic.Int64 // renewal connections being served
@@ -73,12 +76,14 @@ var (
 // connection ends.
 type handshakeSlot struct {
 	once sync.Once
-	free func()
+	free func(completed bool)
 }
 
-func (s *handshakeSlot) release() {
+// release gives the place back; completed says whether the handshake
+// completed, the first call deciding.
+func (s *handshakeSlot) release(completed bool) {
 	if s != nil {
-		s.once.Do(s.free)
+		s.once.Do(func() { s.free(completed) })
 	}
 }
 
@@ -177,17 +182,20 @@ func (l *Listener) admit(ctx context.Context, ci *quic.ClientInfo) (context.Cont
 	}
 	// the handshake waits on the agent for its next flight
 	handshaking := l.waitOnPeer()
-	slot := &handshakeSlot{free: func() {
+	slot := &handshakeSlot{free: func(completed bool) {
 		handshaking()
 		a.mu.Lock()
 		a.handshakes--
 		a.mu.Unlock()
+		if !completed {
+			l.handshakeFailed()
+		}
 		l.roomFreed()
 	}}
 	ctx = context.WithValue(ctx, handshakeKey{}, slot)
 	// quic-go cancels ctx when the connection closes or its handshake fails
 	context.AfterFunc(ctx, func() {
-		slot.release()
+		slot.release(false)
 		a.mu.Lock()
 		a.total--
 		if a.perSource[src]--; a.perSource[src] <= 0 {

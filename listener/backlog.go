@@ -93,6 +93,26 @@ func (b *backlog) hold(src netip.AddrPort, d heldDatagram, now time.Time) bool {
 	return true
 }
 
+// holdFirst is hold for a connection that goes before those waiting: a
+// source answering the Retry it was asked when it was let in.
+func (b *backlog) holdFirst(src netip.AddrPort, d heldDatagram, now time.Time) bool {
+	if b.holds(src) {
+		return b.hold(src, d, now)
+	}
+	if !b.hold(src, d, now) {
+		return false
+	}
+	w := b.queue[len(b.queue)-1]
+	b.queue = b.queue[:len(b.queue)-1]
+	if b.head > 0 {
+		b.head--
+		b.queue[b.head] = w
+	} else {
+		b.queue = append([]*waiter{w}, b.queue...)
+	}
+	return true
+}
+
 // next takes the oldest waiter that has not given up out of the backlog,
 // or returns nil when none waits.
 func (b *backlog) next(now time.Time) *waiter {

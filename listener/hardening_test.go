@@ -634,3 +634,106 @@ func TestHandshakeBoundOutlastsTheDial(t *testing.T) {
 		t.Fatalf("join once the bound is free: %v", err)
 	}
 }
+
+// firstFlightOnly is a forged source's socket: its connection's first
+// two datagrams leave (a ClientHello's Initials), nothing after them, and
+// nothing sent to it is read, as when the Initials carried another
+// machine's address.
+type firstFlightOnly struct {
+	net.PacketConn
+	sent atomic.Int32
+}
+
+func (c *firstFlightOnly) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if c.sent.Add(1) > 2 {
+		return len(p), nil
+	}
+	return c.PacketConn.WriteTo(p, addr)
+}
+
+func (c *firstFlightOnly) ReadFrom(p []byte) (int, net.Addr, error) {
+	for {
+		if _, _, err := c.PacketConn.ReadFrom(p); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// forgeInitials sends the first flight of n connections, each from a
+// socket of its own that never reads, and returns when their dials have
+// begun; the dials end when ctx does.
+func forgeInitials(t *testing.T, ctx context.Context, endpoint string, n int) {
+	t.Helper()
+	for range n {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		fc := &firstFlightOnly{PacketConn: pc}
+		tr := &quic.Transport{Conn: fc}
+		t.Cleanup(func() { tr.Close() })
+		udp, err := net.ResolveUDPAddr("udp", endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go tr.Dial(ctx, udp, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13}, &quic.Config{HandshakeIdleTimeout: time.Minute}) //nolint:errcheck // it never completes
+		for fc.sent.Load() == 0 {
+			time.Sleep(time.Millisecond) // polling for the first datagram to leave
+		}
+	}
+}
+
+// TestForgedSourcesMeetRetries: handshakes from forged sources, which
+// never complete, turn on the address checks; then new forged connections
+// get a Retry each and no handshake, and an honest agent proves its
+// address and joins.
+func TestForgedSourcesMeetRetries(t *testing.T) {
+	// the forged sockets are not *net.UDPConn, whose buffers quic-go sizes
+	t.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	var verified atomic.Int32
+	l := listenertest.Start(t, listenertest.Options{Config: listener.WithHooks(listener.Config{PerSourceConnections: -1, RetryAbove: 1e6, MetricsListen: "127.0.0.1:0"}, listener.Hooks{
+		Accept: func(v bool) {
+			if v {
+				verified.Add(1)
+			}
+		},
+	})})
+	sec, _ := mint(t, l, adminapi.MintCodeRequest{AutoApprove: true})
+	metric := func(name string) float64 {
+		_, body := get(t, "http://"+l.MetricsAddr().String()+"/metrics")
+		for line := range strings.SplitSeq(body, "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				var n float64
+				fmt.Sscan(v, &n)
+				return n
+			}
+		}
+		t.Fatalf("/metrics has no %s", name)
+		return 0
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// 20 forged handshakes time out (5 s) and turn the checks on
+	forgeInitials(t, ctx, l.Endpoint, 20)
+	waitFor(t, "the forged handshakes admitted", func() bool { return l.ConnStats().Handshakes == 20 })
+	waitFor(t, "the address checks on", func() bool { return metric("stratum_listener_address_checks") == 1 })
+	waitFor(t, "the forged handshakes over", func() bool { return l.ConnStats().Handshakes == 0 })
+	if got := metric("stratum_listener_handshake_failures_total"); got != 20 {
+		t.Fatalf("%v handshake failures counted, want the 20 forged", got)
+	}
+
+	retries := metric("stratum_listener_quic_retries_total")
+	forgeInitials(t, ctx, l.Endpoint, 20)
+	waitFor(t, "a Retry for each new forged connection", func() bool { return metric("stratum_listener_quic_retries_total") >= retries+20 })
+	if st := l.ConnStats(); st.Handshakes != 0 || st.Total != 0 {
+		t.Fatalf("forged connections admitted while the checks are on: %+v", st)
+	}
+	if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(t.TempDir(), "s"), Endpoint: l.Endpoint, Secret: sec}); err != nil {
+		t.Fatalf("honest join while the checks are on: %v", err)
+	}
+	if verified.Load() != 1 {
+		t.Fatalf("%d connections proved their address, want the honest agent's", verified.Load())
+	}
+}

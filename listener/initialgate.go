@@ -226,17 +226,25 @@ func (l *Listener) passInitial(d heldDatagram) bool {
 	now := l.now()
 	a := &l.adm
 	a.mu.Lock()
+	l.expireRetriesLocked(now)
 	if a.sources[src] > 0 || a.reserved(src) {
 		a.mu.Unlock()
 		return true
 	}
-	if a.backlog.len() == 0 && !l.fullLocked(now) {
+	// a source answering the Retry it was asked once let in goes before
+	// those waiting
+	answer := a.check.answered(src)
+	if (answer || a.backlog.len() == 0) && !l.fullLocked(now) {
 		a.reserve(src, now)
 		a.mu.Unlock()
 		return true
 	}
 	waiting := a.backlog.holds(src)
-	held := a.backlog.hold(src, d, now)
+	hold := a.backlog.hold
+	if answer {
+		hold = a.backlog.holdFirst
+	}
+	held := hold(src, d, now)
 	ready := l.letInLocked(now)
 	l.backlogMetricsLocked()
 	a.mu.Unlock()

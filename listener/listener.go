@@ -263,6 +263,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	l.limiters.init(cfg.RetryAbove, time.Now)
 	l.burstMem.before = l.burstReturned
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
+	l.metrics.watchAddressChecks(l.addressChecksOn)
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL
@@ -518,16 +519,10 @@ func (l *Listener) Run(ctx context.Context) error {
 	resetKey := quic.StatelessResetKey(resetRaw)
 	tokenKey := quic.TokenGeneratorKey(tokenRaw)
 	tr := &quic.Transport{
-		Conn:              conn,
-		StatelessResetKey: &resetKey,
-		TokenGeneratorKey: &tokenKey,
-		VerifySourceAddress: func(addr net.Addr) bool {
-			retry := l.limiters.overRate(addr)
-			if retry {
-				l.metrics.retries.Inc()
-			}
-			return retry
-		},
+		Conn:                conn,
+		StatelessResetKey:   &resetKey,
+		TokenGeneratorKey:   &tokenKey,
+		VerifySourceAddress: l.mustProveAddress,
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
 			ctx, err := l.admit(ctx, ci)
 			if err != nil {
@@ -768,7 +763,7 @@ func (l *Listener) releaseStorePages() {
 func (l *Listener) serveConn(ctx context.Context, conn *quic.Conn) {
 	l.connStarted()
 	defer func() { l.connEnded(closedHold(conn)) }()
-	handshakeOf(conn.Context()).release() // Accept returns it handshaken
+	handshakeOf(conn.Context()).release(true) // Accept returns it handshaken
 	ctx = withRemote(ctx, conn.RemoteAddr())
 	cs := conn.ConnectionState()
 	alpn := cs.TLS.NegotiatedProtocol

@@ -52,11 +52,14 @@ type metrics struct {
 	storeErrors  *prometheus.CounterVec
 	conns        *prometheus.CounterVec
 	retries      prometheus.Counter
-	dropped      prometheus.Counter
-	backlog      prometheus.Gauge
-	backlogBytes prometheus.Gauge
-	held         prometheus.Counter
-	letIn        prometheus.Counter
+	// handshakeFailures are handshakes that never completed, and Retries
+	// never answered (addresscheck.go)
+	handshakeFailures prometheus.Counter
+	dropped           prometheus.Counter
+	backlog           prometheus.Gauge
+	backlogBytes      prometheus.Gauge
+	held              prometheus.Counter
+	letIn             prometheus.Counter
 }
 
 func newMetrics(active func() float64) *metrics {
@@ -98,7 +101,10 @@ func newMetrics(active func() float64) *metrics {
 			Name: "stratum_listener_connections_total", Help: "QUIC connections by result: accepted, or refused at --max-connections.",
 		}, []string{"result"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "stratum_listener_quic_retries_total", Help: "QUIC Retry packets asked of sources opening connections faster than --retry-above.",
+			Name: "stratum_listener_quic_retries_total", Help: "QUIC Retry packets asked of new connections: of sources opening connections faster than --retry-above, and of every source while handshakes fail (stratum_listener_address_checks).",
+		}),
+		handshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stratum_listener_handshake_failures_total", Help: "Admitted connections whose handshake never completed, and, while stratum_listener_address_checks is 1, Retries not answered within 10 s: 16 within 10 s make every new connection prove its address for a minute.",
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "stratum_listener_initials_dropped_total", Help: "QUIC Initial packets of new connections dropped unanswered because the backlog of connections waiting for room (--backlog) was full (each agent sends its Initial again).",
@@ -116,7 +122,7 @@ func newMetrics(active func() float64) *metrics {
 			Name: "stratum_listener_backlog_let_in_total", Help: "New connections let in from the backlog, oldest first, as room freed.",
 		}),
 	}
-	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.dropped, m.backlog, m.backlogBytes, m.held, m.letIn,
+	m.reg.MustRegister(m.joins, m.refusals, m.burns, m.attempts, m.inFlight, m.phase, m.pending, m.renewals, m.storeSeconds, m.storeErrors, m.conns, m.retries, m.handshakeFailures, m.dropped, m.backlog, m.backlogBytes, m.held, m.letIn,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stratum_listener_connections", Help: "QUIC connections being served."}, active),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outcomeJoined, outcomePending, outcomeRefused, outcomeFailedProof, outcomeAbandoned, outcomeError} {
@@ -419,4 +425,12 @@ func (r *joinReport) write(str Stream, res *wire.Result) error {
 func agentRefusedKE2(err error) bool {
 	var ae *quic.ApplicationError
 	return errors.As(err, &ae) && ae.Remote && wire.CloseCode(ae.ErrorCode) == wire.CloseNotProof
+}
+
+// watchAddressChecks reports on (1 or 0) as whether every new connection
+// must prove its address now.
+func (m *metrics) watchAddressChecks(on func() float64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "stratum_listener_address_checks", Help: "1 while every new connection must prove its address with a QUIC Retry, because handshakes fail (stratum_listener_handshake_failures_total).",
+	}, on))
 }
