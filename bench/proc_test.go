@@ -122,6 +122,8 @@ func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *pr
 		logFile.Close()
 		if b.Failed() {
 			b.Logf("the listener's last log lines:\n%s", tailLines(logPath, 30))
+		} else if n, first := warnings(logPath, 5); n > 0 {
+			b.Logf("the listener warned %d times; the first:\n%s", n, strings.Join(first, "\n"))
 		}
 	})
 	// a bench killed by a timeout must not leave its listener behind
@@ -148,6 +150,21 @@ func tailLines(path string, n int) string {
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// warnings counts the lines of a listener's JSON log at level WARN or
+// ERROR, and returns the first max of them: a bench's figures hold only
+// for a listener that did what it was asked without complaint.
+func warnings(path string, max int) (n int, first []string) {
+	data, _ := os.ReadFile(path)
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+			if n++; n <= max {
+				first = append(first, line)
+			}
+		}
+	}
+	return n, first
 }
 
 // stop ends the listener; a second call does nothing.
