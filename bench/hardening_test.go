@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,8 +17,10 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/forgedquic"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
+	"github.com/stratumjoin/stratum/internal/testenv"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener/adminclient"
 )
@@ -249,4 +253,86 @@ func BenchmarkStallRSS(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkForgedSources: a flood of forged Initials, each the first
+// flight of a connection from an address of its own that never answers,
+// against a listener process with its default bounds, while honest agents
+// join, one a second into the flood and one eight seconds in. The first
+// forged handshakes hold every handshake place until they time out (5 s),
+// and the Initials after them wait in the backlog; the failures turn on
+// the address checks, so from then on each forged connection is asked for
+// a Retry, never answered, and gives its place up at once. It logs how
+// long the honest joins took, what the listener counted, its CPU per
+// forged Initial and its peak RSS, over three runs.
+func BenchmarkForgedSources(b *testing.B) {
+	const flood, runs = 12 * time.Second, 3
+	// the forged sockets are not *net.UDPConn, whose buffers quic-go sizes
+	b.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	var early, late, perForged []time.Duration
+	for run := range runs {
+		metrics := testenv.FreeTCP(b)
+		p := startListener(b, true, "--metrics", metrics)
+		tokens := p.mintTokens(b, 2)
+		cpu0 := cpu(p.cmd.Process.Pid)
+		start := time.Now()
+		type outcome struct {
+			took time.Duration
+			err  error
+		}
+		honest := make(chan outcome, 2)
+		go func() {
+			for i, at := range []time.Duration{time.Second, 8 * time.Second} {
+				time.Sleep(time.Until(start.Add(at)))
+				sec, err := joincode.Parse(tokens[i])
+				if err != nil {
+					honest <- outcome{err: err}
+					continue
+				}
+				t0 := time.Now()
+				_, err = agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(b.TempDir(), "s"), Endpoint: p.endpoint, Secret: sec, Dial: dialFrom(b, honestSource)})
+				honest <- outcome{time.Since(t0), err}
+			}
+		}()
+		forged := 0
+		for time.Since(start) < flood {
+			// each from an address of its own, as a flood of forged
+			// addresses looks: 127.2.0.1 on
+			stop, err := forgedquic.Send(p.endpoint, fmt.Sprintf("127.2.%d.%d:0", forged/250, forged%250+1), wire.ALPNJoin)
+			if err != nil {
+				b.Fatal(err)
+			}
+			stop()
+			forged++
+		}
+		var took [2]time.Duration
+		for i := range took {
+			o := <-honest
+			if o.err != nil {
+				b.Fatalf("run %d: honest join %d during the flood: %v", run+1, i+1, o.err)
+			}
+			took[i] = o.took
+		}
+		early, late = append(early, took[0]), append(late, took[1])
+		// the flood is over once no forged connection holds a place
+		for goMetric(b, metrics, "stratum_listener_backlog_connections") > 0 || goMetric(b, metrics, "stratum_listener_handshakes") > 0 {
+			time.Sleep(100 * time.Millisecond) // polling for the last forged handshake to time out
+		}
+		used := cpu(p.cmd.Process.Pid) - cpu0
+		perForged = append(perForged, used/time.Duration(forged))
+		_, peak := rss(p.cmd.Process.Pid)
+		b.Logf("run %d: %d forged Initials over %s; honest joins from %s took %s (1 s in) and %s (8 s in); listener: %.0f failed handshakes, %.0f Retries, address checks %.0f, CPU %s in all, %s per forged Initial, peak RSS %.1f MiB",
+			run+1, forged, flood, honestSource, secs(took[0]), secs(took[1]),
+			goMetric(b, metrics, "stratum_listener_handshake_failures_total"), goMetric(b, metrics, "stratum_listener_quic_retries_total"), goMetric(b, metrics, "stratum_listener_address_checks"),
+			used.Round(time.Millisecond), perForged[len(perForged)-1].Round(time.Microsecond), float64(peak)/1024)
+		p.stop()
+	}
+	us := func(d time.Duration) string { return d.Round(time.Microsecond).String() }
+	b.Logf("over %d runs, min / median / max: honest join 1 s in %s, 8 s in %s; listener CPU per forged Initial %s", runs, minMedMax(early, secs), minMedMax(late, secs), minMedMax(perForged, us))
+}
+
+// minMedMax is "min / median / max" of ds, each as format writes it.
+func minMedMax(ds []time.Duration, format func(time.Duration) string) string {
+	ds = slices.Sorted(slices.Values(ds))
+	return format(ds[0]) + " / " + format(ds[len(ds)/2]) + " / " + format(ds[len(ds)-1])
 }

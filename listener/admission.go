@@ -241,6 +241,13 @@ func (l *Listener) ConnStats() ConnStats {
 	return s
 }
 
+// handshakesInProgress is the stratum_listener_handshakes gauge.
+func (l *Listener) handshakesInProgress() float64 {
+	l.adm.mu.Lock()
+	defer l.adm.mu.Unlock()
+	return float64(l.adm.handshakes)
+}
+
 // awaitApproval marks a join as waiting for a person (true) or at work
 // again (false). A join held for approval may wait a day: it keeps its
 // connection but not its place among the connections at work.

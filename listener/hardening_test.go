@@ -20,6 +20,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/forgedquic"
 	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/wire"
 	"github.com/stratumjoin/stratum/listener"
@@ -635,52 +636,16 @@ func TestHandshakeBoundOutlastsTheDial(t *testing.T) {
 	}
 }
 
-// firstFlightOnly is a forged source's socket: its connection's first
-// two datagrams leave (a ClientHello's Initials), nothing after them, and
-// nothing sent to it is read, as when the Initials carried another
-// machine's address.
-type firstFlightOnly struct {
-	net.PacketConn
-	sent atomic.Int32
-}
-
-func (c *firstFlightOnly) WriteTo(p []byte, addr net.Addr) (int, error) {
-	if c.sent.Add(1) > 2 {
-		return len(p), nil
-	}
-	return c.PacketConn.WriteTo(p, addr)
-}
-
-func (c *firstFlightOnly) ReadFrom(p []byte) (int, net.Addr, error) {
-	for {
-		if _, _, err := c.PacketConn.ReadFrom(p); err != nil {
-			return 0, nil, err
-		}
-	}
-}
-
 // forgeInitials sends the first flight of n connections, each from a
-// socket of its own that never reads, and returns when their dials have
-// begun; the dials end when ctx does.
-func forgeInitials(t *testing.T, ctx context.Context, endpoint string, n int) {
+// socket of its own that never reads (package forgedquic).
+func forgeInitials(t *testing.T, endpoint string, n int) {
 	t.Helper()
 	for range n {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		stop, err := forgedquic.Send(endpoint, "127.0.0.1:0", wire.ALPNJoin)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { pc.Close() })
-		fc := &firstFlightOnly{PacketConn: pc}
-		tr := &quic.Transport{Conn: fc}
-		t.Cleanup(func() { tr.Close() })
-		udp, err := net.ResolveUDPAddr("udp", endpoint)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go tr.Dial(ctx, udp, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13}, &quic.Config{HandshakeIdleTimeout: time.Minute}) //nolint:errcheck // it never completes
-		for fc.sent.Load() == 0 {
-			time.Sleep(time.Millisecond) // polling for the first datagram to leave
-		}
+		t.Cleanup(stop)
 	}
 }
 
@@ -712,11 +677,8 @@ func TestForgedSourcesMeetRetries(t *testing.T) {
 		t.Fatalf("/metrics has no %s", name)
 		return 0
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
 	// 20 forged handshakes time out (5 s) and turn the checks on
-	forgeInitials(t, ctx, l.Endpoint, 20)
+	forgeInitials(t, l.Endpoint, 20)
 	waitFor(t, "the forged handshakes admitted", func() bool { return l.ConnStats().Handshakes == 20 })
 	waitFor(t, "the address checks on", func() bool { return metric("stratum_listener_address_checks") == 1 })
 	waitFor(t, "the forged handshakes over", func() bool { return l.ConnStats().Handshakes == 0 })
@@ -725,7 +687,7 @@ func TestForgedSourcesMeetRetries(t *testing.T) {
 	}
 
 	retries := metric("stratum_listener_quic_retries_total")
-	forgeInitials(t, ctx, l.Endpoint, 20)
+	forgeInitials(t, l.Endpoint, 20)
 	waitFor(t, "a Retry for each new forged connection", func() bool { return metric("stratum_listener_quic_retries_total") >= retries+20 })
 	if st := l.ConnStats(); st.Handshakes != 0 || st.Total != 0 {
 		t.Fatalf("forged connections admitted while the checks are on: %+v", st)

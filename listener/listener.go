@@ -263,7 +263,7 @@ func New(ctx context.Context, cfg Config) (*Listener, error) {
 	l.limiters.init(cfg.RetryAbove, time.Now)
 	l.burstMem.before = l.burstReturned
 	l.metrics = newMetrics(func() float64 { return float64(l.active.Load()) })
-	l.metrics.watchAddressChecks(l.addressChecksOn)
+	l.metrics.watchAdmission(l.handshakesInProgress, l.addressChecksOn)
 	l.store = cfg.Store
 	if l.store == nil {
 		url := cfg.StoreURL

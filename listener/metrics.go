@@ -427,10 +427,12 @@ func agentRefusedKE2(err error) bool {
 	return errors.As(err, &ae) && ae.Remote && wire.CloseCode(ae.ErrorCode) == wire.CloseNotProof
 }
 
-// watchAddressChecks reports on (1 or 0) as whether every new connection
-// must prove its address now.
-func (m *metrics) watchAddressChecks(on func() float64) {
+// watchAdmission reports the handshakes in progress and whether every new
+// connection must prove its address now (1 or 0).
+func (m *metrics) watchAdmission(handshakes, checks func() float64) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "stratum_listener_handshakes", Help: "Admitted connections whose handshake is in progress (at most --max-handshakes).",
+	}, handshakes), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "stratum_listener_address_checks", Help: "1 while every new connection must prove its address with a QUIC Retry, because handshakes fail (stratum_listener_handshake_failures_total).",
-	}, on))
+	}, checks))
 }
