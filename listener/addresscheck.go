@@ -46,10 +46,8 @@ type addressCheck struct {
 	// failures are the times of the last failuresToCheck failures,
 	// oldest first
 	failures []time.Time
-	until    time.Time // the checks are on until then
-	retried  map[netip.AddrPort]time.Time
-	// retries are the sources in retried, in the order they were asked
-	retries []reservation
+	until    time.Time   // the checks are on until then
+	retried  sourceTimes // the sources asked for a Retry whose answer is due
 }
 
 // on reports whether new connections must prove their address at now.
@@ -72,45 +70,18 @@ func (c *addressCheck) failed(now time.Time) (turnedOn bool) {
 
 // askedRetry notes that src was asked to prove its address.
 func (c *addressCheck) askedRetry(src netip.AddrPort, now time.Time) {
-	if c.retried == nil {
-		c.retried = map[netip.AddrPort]time.Time{}
-	}
-	for len(c.retried) >= maxRetried && len(c.retries) > 0 {
-		r := c.retries[0]
-		c.retries = c.retries[1:]
-		if at, ok := c.retried[r.src]; ok && at.Equal(r.at) {
-			delete(c.retried, r.src)
-		}
-	}
-	c.retried[src] = now
-	c.retries = append(c.retries, reservation{src, now})
+	c.retried.dropOldest(func(time.Time) bool { return c.retried.len() >= maxRetried })
+	c.retried.add(src, now)
 }
 
 // answered reports whether src was asked for a Retry and its answer is
 // due, and forgets that it was: its turn is used once.
-func (c *addressCheck) answered(src netip.AddrPort) bool {
-	if _, ok := c.retried[src]; !ok {
-		return false
-	}
-	delete(c.retried, src)
-	return true
-}
+func (c *addressCheck) answered(src netip.AddrPort) bool { return c.retried.remove(src) }
 
 // expire forgets the Retries asked more than retryAnswerWait ago, and
 // reports how many of them were never answered.
 func (c *addressCheck) expire(now time.Time) (unanswered int) {
-	for len(c.retries) > 0 && now.Sub(c.retries[0].at) > retryAnswerWait {
-		r := c.retries[0]
-		c.retries = c.retries[1:]
-		if at, ok := c.retried[r.src]; ok && at.Equal(r.at) {
-			delete(c.retried, r.src)
-			unanswered++
-		}
-	}
-	if len(c.retries) == 0 {
-		c.retries = nil
-	}
-	return unanswered
+	return c.retried.expire(now, retryAnswerWait)
 }
 
 // mustProveAddress is quic-go's VerifySourceAddress: it is asked of each

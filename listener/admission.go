@@ -44,12 +44,11 @@ type admission struct {
 	sources   map[netip.AddrPort]int
 	accepters int // accepters waiting for a handshake to complete (see acceptPool)
 	// The gate's state: connections waiting for room, the places taken
-	// for those it let in until quic-go admits them (reservedAt, and
-	// reservations oldest first), and how it hands their datagrams to the
-	// socket's reads (gatedConn.letIn; nil without a gate).
+	// for those it let in until quic-go admits them, and how it hands
+	// their datagrams to the socket's reads (gatedConn.letIn; nil without
+	// a gate).
 	backlog      backlog
-	reservedAt   map[netip.AddrPort]time.Time
-	reservations []reservation
+	reservations sourceTimes
 	letIn        func([]heldDatagram)
 	// check is when new connections must prove their address
 	// (addresscheck.go).

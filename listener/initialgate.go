@@ -268,51 +268,20 @@ func (l *Listener) passInitial(d heldDatagram) bool {
 // gives its place back after this.
 const reservationTTL = 3 * time.Second
 
-type reservation struct {
-	src netip.AddrPort
-	at  time.Time
-}
-
 // reserved reports whether the gate let src in and quic-go has not
 // admitted it yet.
-func (a *admission) reserved(src netip.AddrPort) bool {
-	_, ok := a.reservedAt[src]
-	return ok
-}
+func (a *admission) reserved(src netip.AddrPort) bool { return a.reservations.has(src) }
 
 // reserve takes a place for src among the connections at work.
-func (a *admission) reserve(src netip.AddrPort, now time.Time) {
-	if a.reservedAt == nil {
-		a.reservedAt = map[netip.AddrPort]time.Time{}
-	}
-	a.reservedAt[src] = now
-	a.reservations = append(a.reservations, reservation{src, now})
-}
+func (a *admission) reserve(src netip.AddrPort, now time.Time) { a.reservations.add(src, now) }
 
 // unreserve gives src's place to the connection quic-go admits for it,
 // reporting whether it had one.
-func (a *admission) unreserve(src netip.AddrPort) bool {
-	if _, ok := a.reservedAt[src]; !ok {
-		return false
-	}
-	delete(a.reservedAt, src)
-	if len(a.reservedAt) == 0 {
-		a.reservations = nil
-	}
-	return true
-}
+func (a *admission) unreserve(src netip.AddrPort) bool { return a.reservations.remove(src) }
 
 // expireReservations gives back the places of connections quic-go did
 // not admit within reservationTTL.
-func (a *admission) expireReservations(now time.Time) {
-	for len(a.reservations) > 0 && now.Sub(a.reservations[0].at) > reservationTTL {
-		r := a.reservations[0]
-		a.reservations = a.reservations[1:]
-		if at, ok := a.reservedAt[r.src]; ok && at.Equal(r.at) {
-			delete(a.reservedAt, r.src)
-		}
-	}
-}
+func (a *admission) expireReservations(now time.Time) { a.reservations.expire(now, reservationTTL) }
 
 // fullLocked reports, with a.mu held, whether a new connection must wait:
 // the handshakes in progress or the connections at work (every admitted
@@ -322,7 +291,7 @@ func (a *admission) expireReservations(now time.Time) {
 func (l *Listener) fullLocked(now time.Time) bool {
 	a := &l.adm
 	a.expireReservations(now)
-	pending := len(a.reservedAt)
+	pending := a.reservations.len()
 	if b := l.cfg.MaxHandshakes; b > 0 && a.handshakes+pending >= b {
 		return true
 	}
