@@ -75,20 +75,29 @@ func TestReleasePagesKeepsEveryValue(t *testing.T) {
 // between writes do not stay resident; Close ends the releases.
 func TestReleasePagesAfterWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	s, err := boltstore.Open(path, boltstore.Options{ReleasePagesAfter: 20 * time.Millisecond})
+	ctx := context.Background()
+	value := bytes.Repeat([]byte{7}, 600)
+	// the values are written by a store that releases nothing, so no
+	// release is pending when the store under test reads them
+	fill, err := boltstore.Open(path, boltstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	value := bytes.Repeat([]byte{7}, 600)
 	for batch := range 40 {
 		var ops []store.Op
 		for i := range 100 {
 			ops = append(ops, store.Op{Key: fmt.Sprintf("node/%03d-%03d", batch, i), Value: value})
 		}
-		if _, err := s.Txn(ctx, nil, ops); err != nil {
+		if _, err := fill.Txn(ctx, nil, ops); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := fill.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := boltstore.Open(path, boltstore.Options{ReleasePagesAfter: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
 	}
 	mapped := func() int { t.Helper(); return mappedKiB(t, path) }
 	// a full read maps the file; the next write schedules a release
