@@ -71,7 +71,11 @@ func TestKillDuringStorm(t *testing.T) {
 		wg.Add(1)
 		go worker(raceSec, false)
 	}
-	time.Sleep(300 * time.Millisecond) // let the workers get exchanges in flight: the kill must cut some
+	// the kill comes once a wrong attempt has been counted, with the
+	// workers' next exchanges in flight: the kill must cut some
+	for deadline := time.Now().Add(15 * time.Second); challenged.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // polling for the first counted attempt
+	}
 	l.kill()
 	close(stop)
 	cancel() // exchanges cut by the kill would otherwise wait for QUIC's idle timeout
