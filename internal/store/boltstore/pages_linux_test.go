@@ -19,25 +19,13 @@ import (
 // every value reads the same after.
 func TestReleasePagesKeepsEveryValue(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
+	want := writeValues(t, path, func(batch, i int) []byte { return bytes.Repeat([]byte{byte(batch), byte(i)}, 300) })
 	s, err := boltstore.Open(path, boltstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	ctx := context.Background()
-	want := map[string][]byte{}
-	for batch := range 40 {
-		var ops []store.Op
-		for i := range 100 {
-			key := fmt.Sprintf("node/%03d-%03d", batch, i)
-			value := bytes.Repeat([]byte{byte(batch), byte(i)}, 300)
-			want[key] = value
-			ops = append(ops, store.Op{Key: key, Value: value})
-		}
-		if _, err := s.Txn(ctx, nil, ops); err != nil {
-			t.Fatal(err)
-		}
-	}
 	readAll := func() {
 		t.Helper()
 		got, err := s.List(ctx, "node/", "", 0)
@@ -77,24 +65,7 @@ func TestReleasePagesAfterWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	ctx := context.Background()
 	value := bytes.Repeat([]byte{7}, 600)
-	// the values are written by a store that releases nothing, so no
-	// release is pending when the store under test reads them
-	fill, err := boltstore.Open(path, boltstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for batch := range 40 {
-		var ops []store.Op
-		for i := range 100 {
-			ops = append(ops, store.Op{Key: fmt.Sprintf("node/%03d-%03d", batch, i), Value: value})
-		}
-		if _, err := fill.Txn(ctx, nil, ops); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := fill.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeValues(t, path, func(int, int) []byte { return value })
 	s, err := boltstore.Open(path, boltstore.Options{ReleasePagesAfter: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +99,34 @@ func TestReleasePagesAfterWrites(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("a second Close: %v", err)
 	}
+}
+
+// writeValues writes 4,000 values (node/BBB-III, value(batch, i)) to a
+// store file at path, 40 transactions of 100, and closes it. The store
+// that writes them releases no pages, so a store opened on the file next
+// has no release pending when the test reads it.
+func writeValues(t *testing.T, path string, value func(batch, i int) []byte) map[string][]byte {
+	t.Helper()
+	s, err := boltstore.Open(path, boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := map[string][]byte{}
+	for batch := range 40 {
+		var ops []store.Op
+		for i := range 100 {
+			key := fmt.Sprintf("node/%03d-%03d", batch, i)
+			written[key] = value(batch, i)
+			ops = append(ops, store.Op{Key: key, Value: written[key]})
+		}
+		if _, err := s.Txn(context.Background(), nil, ops); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return written
 }
 
 // mappedKiB is how much of the file at path this process has mapped.
