@@ -141,7 +141,13 @@ func runFloorServer() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{k.tls}, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13}, &quic.Config{MaxIncomingStreams: 4})
+	// Nothing a join can do without: no session ticket (quic-go's server
+	// seals one after every handshake unless told not to) and no path-MTU
+	// probes, both of which the listener leaves out too, so they would
+	// count in the floor only.
+	ln, err := quic.ListenAddr("127.0.0.1:0",
+		&tls.Config{Certificates: []tls.Certificate{k.tls}, NextProtos: []string{wire.ALPNJoin}, MinVersion: tls.VersionTLS13, SessionTicketsDisabled: true},
+		&quic.Config{MaxIncomingStreams: 4, DisablePathMTUDiscovery: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
