@@ -56,7 +56,8 @@ bench:
 
 # 10,000 machines joining at once through one listener, three runs: with
 # tokens (up to 1,000 real agent processes, the rest in-process), with batch
-# codes approved by a script, and one code's own rate (BenchmarkHerd).
+# codes approved by a script, and one code's own rate; then three herds of
+# tokens with the floor also measured while they run (BenchmarkHerd).
 herd:
 	STRATUM_HERD=10000 $(GO) test -v -run '^$$' -bench Herd -benchtime 1x -timeout 60m ./bench/
 

@@ -6,8 +6,8 @@
 // appends and fdatasyncs (the least any store could do), and with them as
 // the listener's own bbolt transactions (what the design's default store
 // costs), so the listener's own share shows; the herd's floor is measured
-// before and after the herd, and once while it runs, on a machine as
-// loaded as the listener's.
+// before and after the herd, and, in three more herds, while it runs, on a
+// machine as loaded as the listener's.
 // A process's CPU is read from its kernel CPU clock, to the nanosecond
 // (the 10 ms ticks of /proc/PID/stat were a tenth of a block of floor
 // exchanges); one test checks that clock, another the herd's count of

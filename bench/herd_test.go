@@ -265,18 +265,24 @@ func BenchmarkHerd(b *testing.B) {
 	// yet reached. The listener's joins run among the agents' processes,
 	// which take its cores' caches and cause switches; the floor measured
 	// beside them shows what that costs the same bare work. It loads the
-	// machine more, so this run's latencies are not the herd's figures.
-	// (by default once, in herds long enough to measure it in: `make herd`)
+	// machine more, so these runs' latencies are not the herd's figures.
+	// (by default three runs, for a spread, in herds long enough to
+	// measure it in: `make herd`)
 	probes := 0
 	if n >= 5000 {
-		probes = 1
+		probes = 3
 	}
+	var probed []herdResult
 	for run := 1; run <= envInt("STRATUM_HERD_PROBE_RUNS", probes); run++ {
 		r := herdTokens(b, n, procs, floor, floorAddr, true)
+		probed = append(probed, r)
 		b.Logf("tokens, the floor also measured during the herd, run %d: %s", run, r)
 		b.Logf("tokens, run %d: listener CPU %s per join: %.2fx the floor measured during the herd (%s), %.2fx the floor before and after it (%s)",
 			run, ms(r.listenerCPU/time.Duration(r.n)), float64(r.listenerCPU)/float64(r.n)/float64(r.floorDuring), ms(r.floorDuring),
 			float64(r.listenerCPU)/float64(r.n)/float64(r.floorCPU), ms(r.floorCPU))
+	}
+	if len(probed) > 0 {
+		b.Logf("tokens, the floor also measured during the herd, over %d runs: %s", len(probed), herdSpread(probed))
 	}
 	if len(codes) > 0 {
 		b.Logf("batch codes over %d runs: %s", runs, herdSpread(codes))
@@ -309,6 +315,14 @@ func herdSpread(rs []herdResult) string {
 				return float64(r.listenerCPU) / float64(r.n) / float64(r.floorCPU)
 			}, "%.2fx"),
 		}
+	}
+	if rs[0].floorDuring > 0 {
+		floor = append(floor,
+			fig("floor CPU ms/exchange during the herd", func(r herdResult) float64 { return float64(r.floorDuring) / 1e6 }, "%.2f"),
+			fig("listener CPU / floor during the herd", func(r herdResult) float64 {
+				return float64(r.listenerCPU) / float64(r.n) / float64(r.floorDuring)
+			}, "%.2fx"),
+		)
 	}
 	var inProc []string
 	if rs[0].n > rs[0].procs {
