@@ -107,6 +107,11 @@ type herdResult struct {
 	causes           map[string]int // transient failures by kind
 }
 
+// perFloor is the listener's CPU a join over floor, a floor exchange's CPU.
+func (r herdResult) perFloor(floor time.Duration) float64 {
+	return float64(r.listenerCPU) / float64(r.n) / float64(floor)
+}
+
 func (r herdResult) floorNote() string {
 	if r.floorCPU == 0 {
 		return ""
@@ -278,8 +283,7 @@ func BenchmarkHerd(b *testing.B) {
 		probed = append(probed, r)
 		b.Logf("tokens, the floor also measured during the herd, run %d: %s", run, r)
 		b.Logf("tokens, run %d: listener CPU %s per join: %.2fx the floor measured during the herd (%s), %.2fx the floor before and after it (%s)",
-			run, ms(r.listenerCPU/time.Duration(r.n)), float64(r.listenerCPU)/float64(r.n)/float64(r.floorDuring), ms(r.floorDuring),
-			float64(r.listenerCPU)/float64(r.n)/float64(r.floorCPU), ms(r.floorCPU))
+			run, ms(r.listenerCPU/time.Duration(r.n)), r.perFloor(r.floorDuring), ms(r.floorDuring), r.perFloor(r.floorCPU), ms(r.floorCPU))
 	}
 	if len(probed) > 0 {
 		b.Logf("tokens, the floor also measured during the herd, over %d runs: %s", len(probed), herdSpread(probed))
@@ -311,17 +315,13 @@ func herdSpread(rs []herdResult) string {
 	if rs[0].floorCPU > 0 {
 		floor = []string{
 			fig("floor CPU ms/exchange (same run)", func(r herdResult) float64 { return float64(r.floorCPU) / 1e6 }, "%.2f"),
-			fig("listener CPU / floor", func(r herdResult) float64 {
-				return float64(r.listenerCPU) / float64(r.n) / float64(r.floorCPU)
-			}, "%.2fx"),
+			fig("listener CPU / floor", func(r herdResult) float64 { return r.perFloor(r.floorCPU) }, "%.2fx"),
 		}
 	}
 	if rs[0].floorDuring > 0 {
 		floor = append(floor,
 			fig("floor CPU ms/exchange during the herd", func(r herdResult) float64 { return float64(r.floorDuring) / 1e6 }, "%.2f"),
-			fig("listener CPU / floor during the herd", func(r herdResult) float64 {
-				return float64(r.listenerCPU) / float64(r.n) / float64(r.floorDuring)
-			}, "%.2fx"),
+			fig("listener CPU / floor during the herd", func(r herdResult) float64 { return r.perFloor(r.floorDuring) }, "%.2fx"),
 		)
 	}
 	var inProc []string
