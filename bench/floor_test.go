@@ -12,14 +12,19 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/stratumjoin/stratum/agent"
+	"github.com/stratumjoin/stratum/internal/joincode"
 	"github.com/stratumjoin/stratum/internal/pake"
 	"github.com/stratumjoin/stratum/internal/store"
 	_ "github.com/stratumjoin/stratum/internal/store/boltstore" // the bolt: scheme
@@ -27,40 +32,110 @@ import (
 	"github.com/stratumjoin/stratum/pki"
 )
 
-// floorKit is what the floor server and its client share: a CA, a TLS
-// certificate, OPAQUE keys and one record.
+// floorKit is what the floor server and its clients share: a CA, a TLS
+// certificate and OPAQUE keys, and a record for each secret a client may
+// join with.
 type floorKit struct {
-	caKey  *ecdsa.PrivateKey
-	caCert *x509.Certificate
-	tls    tls.Certificate
-	keys   *pake.ServerKeys
+	caKey   *ecdsa.PrivateKey
+	caCert  *x509.Certificate
+	tls     tls.Certificate
+	keys    *pake.ServerKeys
+	records map[string]floorRecord
+	fp      [32]byte
+}
+
+type floorRecord struct {
 	record []byte
-	fp     [32]byte
 	ksf    pake.KSFParams
 }
 
+// floorTrustDomain is the floor CA's trust domain. The floor's certificates
+// carry the SPIFFE identities an agent checks, so that the real agent joins
+// the floor as it joins a listener, and each server is measured with the
+// same client.
+const floorTrustDomain = "floor.test"
+
+// The secrets the floor holds records for, besides the floor clients' own
+// "FL": the real agent joins the floor with the one of a case's kind and
+// KSF. Both sides are this test binary, so they are constants.
+var (
+	floorToken   = mustParseSecret("bcjt_jt_" + strings.Repeat("f", 26) + "." + strings.Repeat("0", 32))
+	floorCode    = floorCodeFor("F1") // stretched with pake.LightestKSF
+	floorOldCode = floorCodeFor("F3") // stretched with pake.DefaultKSF
+)
+
+// floorSecret is the floor's secret of a case: a token, or a code with the
+// case's KSF.
+func floorSecret(token bool, ksf pake.KSFParams) joincode.Secret {
+	switch {
+	case token:
+		return floorToken
+	case ksf == pake.DefaultKSF:
+		return floorOldCode
+	}
+	return floorCode
+}
+
+func mustParseSecret(s string) joincode.Secret {
+	sec, err := joincode.Parse(s)
+	if err != nil {
+		panic(err)
+	}
+	return sec
+}
+
+// floorCodeFor is the code of selector whose other symbols are zeros, with
+// the check symbol that makes it valid.
+func floorCodeFor(selector string) joincode.Secret {
+	for _, c := range joincode.Crockford {
+		if sec, err := joincode.ParseCode(selector + strings.Repeat("0", joincode.CodeSymbols-joincode.SelectorLen) + string(c)); err == nil {
+			return sec
+		}
+	}
+	panic("no check symbol for " + selector)
+}
+
+// newFloorKit makes the floor's keys and certificates; the floor clients'
+// record "FL" is stretched with ksf.
 func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
-	k := &floorKit{}
+	k := &floorKit{records: map[string]floorRecord{}}
 	var err error
 	k.caKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "floor CA"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
 	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.caKey.PublicKey, k.caKey)
 	k.caCert, _ = x509.ParseCertificate(der)
 	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	lt := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: []string{"floor"}}
+	lt := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: []string{"floor"},
+		BasicConstraintsValid: true, URIs: []*url.URL{{Scheme: "spiffe", Host: floorTrustDomain, Path: "/listener"}}}
 	ld, _ := x509.CreateCertificate(rand.Reader, lt, k.caCert, &leafKey.PublicKey, k.caKey)
 	k.tls = tls.Certificate{Certificate: [][]byte{ld, der}, PrivateKey: leafKey}
 	if k.keys, err = pake.GenerateServerKeys(); err != nil {
 		return nil, err
 	}
 	k.fp = sha256.Sum256(der)
-	k.record, err = k.keys.Mint("FL", []byte("FL000000000"), k.fp[:], ksf)
-	k.ksf = ksf
-	return k, err
+	for _, r := range []struct {
+		locator  string
+		password []byte
+		ksf      pake.KSFParams
+	}{
+		{"FL", []byte("FL000000000"), ksf},
+		{floorToken.Locator, floorToken.Password(), pake.NoKSF},
+		{floorCode.Locator, floorCode.Password(), pake.LightestKSF},
+		{floorOldCode.Locator, floorOldCode.Password(), pake.DefaultKSF},
+	} {
+		rec, err := k.keys.Mint(r.locator, r.password, k.fp[:], r.ksf)
+		if err != nil {
+			return nil, err
+		}
+		k.records[r.locator] = floorRecord{rec, r.ksf}
+	}
+	return k, nil
 }
 
 // runFloorServer serves the floor: for each connection one QUIC server
-// handshake, one KE2 and one certificate signature, nothing else. It
+// handshake, one KE2 and one certificate signature, nothing else. The real
+// agent joins it with floorToken, floorCode or floorOldCode, the floor
+// clients with their own record. It
 // prints its address and serves until stdin closes. In the one-shot mode
 // (STRATUM_BENCH_FLOOR=oneshot, the floor of a default token's join) the
 // record has no KSF, the KE3 is checked, and the issued certificate is
@@ -175,14 +250,18 @@ func runFloorServer() int {
 			if wire.Read(str, &hello) != nil {
 				return
 			}
-			ke2, login, err := k.keys.Respond(wire.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, k.record)
+			rec, ok := k.records[hello.Locator]
+			if !ok {
+				return
+			}
+			ke2, login, err := k.keys.Respond(wire.BindingContext(exp), k.fp[:], hello.Locator, hello.KE1, rec.record)
 			if err != nil {
 				return
 			}
 			if countBeforeKE2 && countWrite([]byte(hello.Locator)) != nil {
 				return
 			}
-			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: k.ksf}) != nil {
+			if wire.Write(str, &wire.Challenge{KE2: ke2, CAChain: [][]byte{k.caCert.Raw}, KSF: rec.ksf}) != nil {
 				return
 			}
 			var proof wire.Proof
@@ -196,7 +275,14 @@ func runFloorServer() int {
 			if err != nil {
 				return
 			}
-			tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "node-x"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+			// the identity an agent checks: a fresh node id in the
+			// subject and as the SPIFFE ID, the one URI SAN
+			nodeID, err := pki.NodeID()
+			if err != nil {
+				return
+			}
+			tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: nodeID}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+				BasicConstraintsValid: true, URIs: []*url.URL{{Scheme: "spiffe", Host: floorTrustDomain, Path: "/node/" + nodeID}}}
 			der, err := x509.CreateCertificate(rand.Reader, tmpl, k.caCert, csr.PublicKey, k.caKey)
 			if err != nil {
 				return
@@ -206,7 +292,7 @@ func runFloorServer() int {
 					return
 				}
 			}
-			wire.Write(str, &wire.Result{Status: wire.StatusJoined, NodeID: "node-x", Role: "node", Trust: "platform", RenewAfter: 1, CertChain: [][]byte{der}, CABundle: [][]byte{k.caCert.Raw}})
+			wire.Write(str, &wire.Result{Status: wire.StatusJoined, NodeID: nodeID, Role: pki.RoleNode, Trust: "platform", RenewAfter: time.Now().Add(30 * time.Minute).Unix(), CertChain: [][]byte{der}, CABundle: [][]byte{k.caCert.Raw}})
 			str.Close()
 			<-conn.Context().Done()
 		}()
@@ -306,4 +392,26 @@ func floorValue(n int) []byte {
 		b[i] = 'x'
 	}
 	return b
+}
+
+// TestAgentJoinsTheFloor checks that the real agent joins every floor the
+// join figures measure with it, with each of the floor's secrets, and
+// takes the node identity the floor issues.
+func TestAgentJoinsTheFloor(t *testing.T) {
+	for _, env := range [][]string{
+		{"STRATUM_BENCH_FLOOR=1"},
+		{"STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_DIR=" + t.TempDir()},
+		{"STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_STORE=bolt", "STRATUM_BENCH_FLOOR_WRITES=1", "STRATUM_BENCH_FLOOR_DIR=" + t.TempDir()},
+	} {
+		_, addr := startFloor(t, env...)
+		for _, sec := range []joincode.Secret{floorToken, floorCode, floorOldCode} {
+			j, err := agent.Join(t.Context(), agent.JoinConfig{StateDir: t.TempDir(), Endpoint: addr, Secret: sec})
+			if err != nil {
+				t.Fatalf("%v, %s: %v", env, sec.Kind, err)
+			}
+			if j.Identity.TrustDomain != floorTrustDomain || j.Identity.Role != pki.RoleNode || !pki.ValidNodeID(j.Identity.NodeID) {
+				t.Errorf("%v, %s: joined as %s/%s/%s, want a node of %s", env, sec.Kind, j.Identity.TrustDomain, j.Identity.Role, j.Identity.NodeID, floorTrustDomain)
+			}
+		}
+	}
 }

@@ -72,6 +72,16 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 	if err != nil {
 		b.Fatal(err)
 	}
+	return joinsAt(b, p.cmd.Process.Pid, p.endpoint, sec, n, width, false)
+}
+
+// joinsAt runs n joins of the real agent with sec against the server
+// process pid (a listener or a floor) at endpoint, width at a time; it
+// returns each latency and the server's CPU time over them. With
+// retryRefused a handshake the server refuses past its accept queue, as a
+// bare quic-go server does in a wide wave, is tried again; a listener's
+// joins get no second try.
+func joinsAt(b *testing.B, pid int, endpoint string, sec joincode.Secret, n, width int, retryRefused bool) ([]time.Duration, time.Duration) {
 	dir := b.TempDir()
 	// the node keys are made before the clock starts, as on a node
 	for i := range n {
@@ -86,12 +96,19 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 	}
 	close(next)
 	errs := make(chan error, width)
-	cpu0 := cpu(p.cmd.Process.Pid)
+	cpu0 := cpu(pid)
 	for range width {
 		go func() {
 			for i := range next {
 				t0 := time.Now()
-				if _, err := agent.Join(context.Background(), agent.JoinConfig{StateDir: filepath.Join(dir, fmt.Sprint(i)), Endpoint: p.endpoint, Secret: sec}); err != nil {
+				cfg := agent.JoinConfig{StateDir: filepath.Join(dir, fmt.Sprint(i)), Endpoint: endpoint, Secret: sec}
+				_, err := agent.Join(context.Background(), cfg)
+				for tries := 0; retryRefused && err != nil && tries < 100 && isRefused(err); tries++ {
+					time.Sleep(10 * time.Millisecond)
+					t0 = time.Now()
+					_, err = agent.Join(context.Background(), cfg)
+				}
+				if err != nil {
 					errs <- fmt.Errorf("join %d: %w", i, err)
 					return
 				}
@@ -105,12 +122,12 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 			b.Fatal(err)
 		}
 	}
-	return lat, cpu(p.cmd.Process.Pid) - cpu0
+	return lat, cpu(pid) - cpu0
 }
 
 // startFloor runs this test binary as the floor server with env; it
 // serves until the benchmark ends. It returns the process and its address.
-func startFloor(b *testing.B, env ...string) (*exec.Cmd, string) {
+func startFloor(b testing.TB, env ...string) (*exec.Cmd, string) {
 	b.Helper()
 	floor := exec.Command(os.Args[0], "-test.run=^$")
 	floor.Env = append(os.Environ(), env...)
@@ -192,8 +209,16 @@ func BenchmarkJoinFigures(b *testing.B) {
 	// join on the disk the listener's store uses: for a code the count
 	// before the KE2 and the record before the Result, for a token the
 	// record alone (its start is counted only if it fails). Each case runs
-	// in blocks interleaved with blocks of both floors, so a machine whose
+	// in blocks interleaved with blocks of every floor, so a machine whose
 	// speed drifts during the run moves the case and its floors together.
+	//
+	// The real agent joins each floor as it joins the listener, with a
+	// secret of the case's kind and KSF: a server's CPU per exchange
+	// depends on its client, since every wait on the peer (the agent's
+	// KSF, its CSR, its fsyncs) lets the server's threads park and costs
+	// their wake-up, and a floor joined by an instant client is one no
+	// listener ever serves. That floor is logged too, as the bench
+	// measured it before.
 	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
 	durableCode, durableCodeAddr := startFloor(b, "STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_DIR="+b.TempDir())
 	durableToken, durableTokenAddr := startFloor(b, "STRATUM_BENCH_FLOOR=durable", "STRATUM_BENCH_FLOOR_WRITES=1", "STRATUM_BENCH_FLOOR_DIR="+b.TempDir())
@@ -239,26 +264,33 @@ func BenchmarkJoinFigures(b *testing.B) {
 			count = wave
 		}
 		var lat []time.Duration
-		var used, floorUsed, durableUsed, storeUsed time.Duration
+		var used, floorUsed, instantUsed, durableUsed, storeUsed time.Duration
 		var blockRatios []float64
 		durable, durableAddr, stored, storedAddr, writes := durableCode, durableCodeAddr, storeCode, storeCodeAddr, 2
 		if tc.token {
 			durable, durableAddr, stored, storedAddr, writes = durableToken, durableTokenAddr, storeToken, storeTokenAddr, 1
 		}
+		per := count / blocks
+		floorSec := floorSecret(tc.token, tc.ksf)
+		agentFloor := func(srv *exec.Cmd, addr string) time.Duration {
+			_, used := joinsAt(b, srv.Process.Pid, addr, floorSec, per, tc.width, true)
+			return used / time.Duration(per)
+		}
 		for range blocks {
-			f := floorCPUAt(b, floor, floorAddr, count/blocks, tc.width)
-			d := floorCPUAt(b, durable, durableAddr, count/blocks, tc.width)
-			st := floorCPUAt(b, stored, storedAddr, count/blocks, tc.width)
-			l, u := joins(b, p, secret, count/blocks, tc.width)
+			fi := floorCPUAt(b, floor, floorAddr, per, tc.width)
+			f := agentFloor(floor, floorAddr)
+			d := agentFloor(durable, durableAddr)
+			st := agentFloor(stored, storedAddr)
+			l, u := joins(b, p, secret, per, tc.width)
 			lat, used = append(lat, l...), used+u
-			floorUsed, durableUsed, storeUsed = floorUsed+f, durableUsed+d, storeUsed+st
-			blockRatios = append(blockRatios, float64(u)/float64(count/blocks)/float64(f))
+			floorUsed, instantUsed, durableUsed, storeUsed = floorUsed+f, instantUsed+fi, durableUsed+d, storeUsed+st
+			blockRatios = append(blockRatios, float64(u)/float64(per)/float64(f))
 		}
 		sort.Float64s(blockRatios)
-		per := used / time.Duration(count)
-		floorPer, durablePer, storePer := floorUsed/blocks, durableUsed/blocks, storeUsed/blocks
-		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its %d durable writes %s, %.2fx it; floor with them as the listener's bbolt transactions %s, %.2fx it",
-			ms(per), ms(floorPer), float64(per)/float64(floorPer), blockRatios[0], blockRatios[len(blockRatios)-1], writes, ms(durablePer), float64(per)/float64(durablePer), ms(storePer), float64(per)/float64(storePer))
+		listenerPer := used / time.Duration(count)
+		ratio := func(floor time.Duration) float64 { return float64(listenerPer) / float64(floor/blocks) }
+		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its %d durable writes %s, %.2fx it; floor with them as the listener's bbolt transactions %s, %.2fx it; floor with an instant client rather than the agent %s, %.2fx it",
+			ms(listenerPer), ms(floorUsed/blocks), ratio(floorUsed), blockRatios[0], blockRatios[len(blockRatios)-1], writes, ms(durableUsed/blocks), ratio(durableUsed), ms(storeUsed/blocks), ratio(storeUsed), ms(instantUsed/blocks), ratio(instantUsed))
 		if tc.token {
 			b.Logf("%s: %d joins: p50 %s, p99 %s; %s", tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), figures)
 			continue
