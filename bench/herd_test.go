@@ -93,7 +93,7 @@ type herdResult struct {
 	storePages               int           // KiB of file the settled RSS holds of the store's mapping
 	peakAnon, peakFile       int           // KiB: the largest RssAnon and RssFile sampled during the herd
 	peakStorePages           int           // KiB: the most of the store's mapping sampled resident
-	floorCPU                 time.Duration // the floor server's CPU per exchange in a wave: the mean of floorBefore and floorAfter
+	floorCPU                 time.Duration // the floor server's CPU per join of the real agent in a wave: the mean of floorBefore and floorAfter
 	floorBefore, floorAfter  time.Duration // the floor measured just before the herd and just after it
 	// floorDuring is the floor measured while the herd runs, on a machine
 	// as loaded as the listener's (0 if not measured); floorDuringAt is
@@ -107,7 +107,7 @@ type herdResult struct {
 	causes           map[string]int // transient failures by kind
 }
 
-// perFloor is the listener's CPU a join over floor, a floor exchange's CPU.
+// perFloor is the listener's CPU a join over floor, the floor's CPU a join.
 func (r herdResult) perFloor(floor time.Duration) float64 {
 	return float64(r.listenerCPU) / float64(r.n) / float64(floor)
 }
@@ -116,13 +116,13 @@ func (r herdResult) floorNote() string {
 	if r.floorCPU == 0 {
 		return ""
 	}
-	note := fmt.Sprintf(" (floor %s per exchange in a wave of %d: %s just before the herd, %s just after", ms(r.floorCPU), herdFloorWidth, ms(r.floorBefore), ms(r.floorAfter))
+	note := fmt.Sprintf(" (floor %s per agent join in a wave of %d: %s just before the herd, %s just after", ms(r.floorCPU), herdFloorWidth, ms(r.floorBefore), ms(r.floorAfter))
 	if r.floorDuring > 0 {
 		whole := "all of it during the herd"
 		if !r.floorDuringWhole {
 			whole = "ending after the herd did"
 		}
-		note += fmt.Sprintf("; %s during it, %d exchanges from %s to %s, %s", ms(r.floorDuring), herdProbeExchanges, secs(r.floorDuringAt[0]), secs(r.floorDuringAt[1]), whole)
+		note += fmt.Sprintf("; %s during it, %d joins from %s to %s, %s", ms(r.floorDuring), herdProbeJoins, secs(r.floorDuringAt[0]), secs(r.floorDuringAt[1]), whole)
 	}
 	return note + ")"
 }
@@ -246,8 +246,9 @@ func BenchmarkHerd(b *testing.B) {
 	runs := envInt("STRATUM_HERD_RUNS", 3)
 	codesN := envInt("STRATUM_HERD_CODES", max(1, n/5))
 	var tokens, codes, oneCode []herdResult
-	// one floor server for every run: the bare server's CPU per exchange
-	// in a wave of 256 at once (half the listener's bound on handshakes)
+	// one floor server for every run: the bare server's CPU per join of
+	// the real agent in a wave of 256 at once (half the listener's bound on
+	// handshakes)
 	floor, floorAddr := startFloor(b, "STRATUM_BENCH_FLOOR=1")
 	for run := 1; run <= runs; run++ {
 		r := herdTokens(b, n, procs, floor, floorAddr, false)
@@ -314,13 +315,13 @@ func herdSpread(rs []herdResult) string {
 	var floor []string
 	if rs[0].floorCPU > 0 {
 		floor = []string{
-			fig("floor CPU ms/exchange (same run)", func(r herdResult) float64 { return float64(r.floorCPU) / 1e6 }, "%.2f"),
+			fig("floor CPU ms/join (same run)", func(r herdResult) float64 { return float64(r.floorCPU) / 1e6 }, "%.2f"),
 			fig("listener CPU / floor", func(r herdResult) float64 { return r.perFloor(r.floorCPU) }, "%.2fx"),
 		}
 	}
 	if rs[0].floorDuring > 0 {
 		floor = append(floor,
-			fig("floor CPU ms/exchange during the herd", func(r herdResult) float64 { return float64(r.floorDuring) / 1e6 }, "%.2f"),
+			fig("floor CPU ms/join during the herd", func(r herdResult) float64 { return float64(r.floorDuring) / 1e6 }, "%.2f"),
 			fig("listener CPU / floor during the herd", func(r herdResult) float64 { return r.perFloor(r.floorDuring) }, "%.2fx"),
 		)
 	}
@@ -354,7 +355,7 @@ func herdSpread(rs []herdResult) string {
 // its own (maxUses 1), as provisioning hands them out: no approval, no
 // per-secret cap. The first procs are real processes; floor, at
 // floorAddr, is the floor server measured beside it; with probe, also
-// during the herd (herdProbeExchanges from herdProbeAfter on).
+// during the herd (herdProbeJoins from herdProbeAfter on).
 func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, probe bool) herdResult {
 	p := startListener(b, false, herdServeArgs...)
 	defer p.stop()
@@ -368,7 +369,10 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 	// the floor in the same run, just before the herd and just after it,
 	// so a machine whose speed drifts moves the floor with the herd
 	// between them
-	before := floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
+	before, err := floorAgentCPU(floor, floorAddr, herdFloorJoins, herdFloorWidth)
+	if err != nil {
+		b.Fatalf("floor before the herd: %v", err)
+	}
 	var side func(context.Context)
 	var during time.Duration
 	var duringAt [2]time.Duration
@@ -382,7 +386,7 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 			case <-ctx.Done():
 				return
 			}
-			during, duringErr = floorCPU(floor, floorAddr, herdProbeExchanges, herdFloorWidth)
+			during, duringErr = floorAgentCPU(floor, floorAddr, herdProbeJoins, herdFloorWidth)
 			duringAt = [2]time.Duration{herdProbeAfter, time.Since(start)}
 			duringWhole = ctx.Err() == nil
 		}
@@ -398,18 +402,23 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 		b.Fatalf("the herd ended within %s, before the floor was measured during it", herdProbeAfter)
 	}
 	r.floorDuring, r.floorDuringAt, r.floorDuringWhole = during, duringAt, duringWhole
-	r.floorBefore, r.floorAfter = before, floorCPUAt(b, floor, floorAddr, herdFloorExchanges, herdFloorWidth)
+	after, err := floorAgentCPU(floor, floorAddr, herdFloorJoins, herdFloorWidth)
+	if err != nil {
+		b.Fatalf("floor after the herd: %v", err)
+	}
+	r.floorBefore, r.floorAfter = before, after
 	r.floorCPU = (r.floorBefore + r.floorAfter) / 2
 	return r
 }
 
-const herdFloorExchanges, herdFloorWidth = 3000, 256
+const herdFloorJoins, herdFloorWidth = 3000, 256
 
 // The floor measured during a herd: from 5 s in (every agent has started
-// by then), 2,000 exchanges, which take some 5 s beside a 10,000-agent herd.
+// by then), 500 joins of the real agent, which end before a
+// 10,000-agent herd does.
 const (
-	herdProbeAfter     = 5 * time.Second
-	herdProbeExchanges = 2000
+	herdProbeAfter = 5 * time.Second
+	herdProbeJoins = 500
 )
 
 // herdCodes is one herd of m machines sharing join codes of perCode uses

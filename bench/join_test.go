@@ -82,11 +82,21 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 // bare quic-go server does in a wide wave, is tried again; a listener's
 // joins get no second try.
 func joinsAt(b *testing.B, pid int, endpoint string, sec joincode.Secret, n, width int, retryRefused bool) ([]time.Duration, time.Duration) {
-	dir := b.TempDir()
+	lat, used, err := inProcessJoins(b.TempDir(), pid, endpoint, sec, n, width, retryRefused)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return lat, used
+}
+
+// inProcessJoins is joinsAt for a goroutine other than the benchmark's: each
+// agent's state goes in its own directory under dir, and the first
+// failure is returned.
+func inProcessJoins(dir string, pid int, endpoint string, sec joincode.Secret, n, width int, retryRefused bool) ([]time.Duration, time.Duration, error) {
 	// the node keys are made before the clock starts, as on a node
 	for i := range n {
 		if _, err := (agent.State{Dir: filepath.Join(dir, fmt.Sprint(i))}).Key(); err != nil {
-			b.Fatal(err)
+			return nil, 0, err
 		}
 	}
 	lat := make([]time.Duration, n)
@@ -117,12 +127,26 @@ func joinsAt(b *testing.B, pid int, endpoint string, sec joincode.Secret, n, wid
 			errs <- nil
 		}()
 	}
+	var first error
 	for range width {
-		if err := <-errs; err != nil {
-			b.Fatal(err)
+		if err := <-errs; err != nil && first == nil {
+			first = err
 		}
 	}
-	return lat, cpu(pid) - cpu0
+	return lat, cpu(pid) - cpu0, first
+}
+
+// floorAgentCPU runs n joins of the real agent with a token, width at a
+// time, against the floor server floor listening at addr, and returns the
+// floor's CPU per join; for any goroutine.
+func floorAgentCPU(floor *exec.Cmd, addr string, n, width int) (time.Duration, error) {
+	dir, err := os.MkdirTemp("", "floor-agents")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	_, used, err := inProcessJoins(dir, floor.Process.Pid, addr, floorToken, n, width, true)
+	return used / time.Duration(n), err
 }
 
 // startFloor runs this test binary as the floor server with env; it
@@ -142,18 +166,10 @@ func startFloor(b testing.TB, env ...string) (*exec.Cmd, string) {
 	return floor, strings.TrimSpace(addr)
 }
 
-// floorCPUAt runs n floor exchanges, width at a time, against the floor
-// server floor listening at addr and returns its CPU per exchange.
-func floorCPUAt(b *testing.B, floor *exec.Cmd, addr string, n, width int) time.Duration {
-	d, err := floorCPU(floor, addr, n, width)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return d
-}
-
-// floorCPU is floorCPUAt for a goroutine other than the benchmark's.
-func floorCPU(floor *exec.Cmd, addr string, n, width int) (time.Duration, error) {
+// instantFloorCPU runs n exchanges of the instant floor client (no agent
+// work between its messages), width at a time, against the floor server
+// floor listening at addr and returns the floor's CPU per exchange.
+func instantFloorCPU(b *testing.B, floor *exec.Cmd, addr string, n, width int) time.Duration {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	next := make(chan struct{}, n)
@@ -181,13 +197,12 @@ func floorCPU(floor *exec.Cmd, addr string, n, width int) (time.Duration, error)
 			errs <- nil
 		}()
 	}
-	var first error
 	for range width {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+		if err := <-errs; err != nil {
+			b.Fatal(err)
 		}
 	}
-	return (cpu(floor.Process.Pid) - cpu0) / time.Duration(n), first
+	return (cpu(floor.Process.Pid) - cpu0) / time.Duration(n)
 }
 
 func isRefused(err error) bool {
@@ -277,7 +292,7 @@ func BenchmarkJoinFigures(b *testing.B) {
 			return used / time.Duration(per)
 		}
 		for range blocks {
-			fi := floorCPUAt(b, floor, floorAddr, per, tc.width)
+			fi := instantFloorCPU(b, floor, floorAddr, per, tc.width)
 			f := agentFloor(floor, floorAddr)
 			d := agentFloor(durable, durableAddr)
 			st := agentFloor(stored, storedAddr)
