@@ -6,10 +6,10 @@
 // appends and fdatasyncs (the least any store could do), and with them as
 // the listener's own bbolt transactions (what the design's default store
 // costs), so the listener's own share shows. The real agent joins every
-// floor of the join figures as it joins the listener, since a
-// server's CPU per exchange depends on how its client paces it; the floor
-// joined by an instant client is logged beside. The herd's floor is measured
-// before and after the herd, and, in three more herds, while it runs, on a
+// floor as it joins the listener, since a server's CPU per exchange
+// depends on how its client paces it; the join figures log the floor
+// joined by an instant client beside. The herd's floor is measured before
+// and after the herd, and, in three more herds, while it runs, on a
 // machine as loaded as the listener's.
 // A process's CPU is read from its kernel CPU clock, to the nanosecond
 // (the 10 ms ticks of /proc/PID/stat were a tenth of a block of floor

@@ -135,24 +135,23 @@ func newFloorKit(ksf pake.KSFParams) (*floorKit, error) {
 // runFloorServer serves the floor: for each connection one QUIC server
 // handshake, one KE2 and one certificate signature, nothing else. The real
 // agent joins it with floorToken, floorCode or floorOldCode, the floor
-// clients with their own record. It
-// prints its address and serves until stdin closes. In the one-shot mode
-// (STRATUM_BENCH_FLOOR=oneshot, the floor of a default token's join) the
-// record has no KSF, the KE3 is checked, and the issued certificate is
-// appended to a file in STRATUM_BENCH_FLOOR_DIR and fdatasynced before the
-// Result: the one durable write a join must make on the server's side.
-// The durable mode (STRATUM_BENCH_FLOOR=durable) is the default floor plus
-// the durable writes this design makes per join, each an append and an
-// fdatasync: for a join code's join the count before the KE2 leaves and
-// the record before the Result (oneshot-bare is the one-shot floor without
-// its KE3 check and its durable write); with STRATUM_BENCH_FLOOR_WRITES=1 (a
-// token's or key's join, counted only if it fails) the record alone. With
-// STRATUM_BENCH_FLOOR_STORE=bolt each of those writes is instead a
-// transaction on the listener's own store (a bbolt file in
-// STRATUM_BENCH_FLOOR_DIR, opened as the listener opens it) writing the
-// keys the listener writes then: the secret's record for the count, and
-// for the record the secret, node, join, join index, serial index and
-// event, at their sizes in the listener's store.
+// clients with their own record. It prints its address and serves until
+// stdin closes. In the one-shot mode (STRATUM_BENCH_FLOOR=oneshot, the floor
+// of a default token's join) the record has no KSF, the KE3 is checked, and
+// the issued certificate is appended to a file in STRATUM_BENCH_FLOOR_DIR
+// and fdatasynced before the Result: the one durable write a join must make
+// on the server's side. The durable mode (STRATUM_BENCH_FLOOR=durable) is
+// the default floor plus the durable writes this design makes per join, each
+// an append and an fdatasync: for a join code's join the count before the
+// KE2 leaves and the record before the Result (oneshot-bare is the one-shot
+// floor without its KE3 check and its durable write); with
+// STRATUM_BENCH_FLOOR_WRITES=1 (a token's or key's join, counted only if it
+// fails) the record alone. With STRATUM_BENCH_FLOOR_STORE=bolt each of those
+// writes is instead a transaction on the listener's own store (a bbolt file
+// in STRATUM_BENCH_FLOOR_DIR, opened as the listener opens it) writing the
+// keys the listener writes then: the secret's record for the count, and for
+// the record the secret, node, join, join index, serial index and event, at
+// their sizes in the listener's store.
 func runFloorServer() int {
 	mode := os.Getenv("STRATUM_BENCH_FLOOR")
 	oneShot, durable := mode == "oneshot", mode == "durable"
