@@ -369,7 +369,7 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 	// the floor in the same run, just before the herd and just after it,
 	// so a machine whose speed drifts moves the floor with the herd
 	// between them
-	before, err := floorAgentCPU(floor, floorAddr, herdFloorJoins, herdFloorWidth)
+	before, err := floorAgentCPU(b.TempDir(), floor, floorAddr, floorToken, herdFloorJoins, herdFloorWidth)
 	if err != nil {
 		b.Fatalf("floor before the herd: %v", err)
 	}
@@ -379,6 +379,7 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 	var duringWhole bool
 	var duringErr error
 	if probe {
+		probeDir := b.TempDir()
 		side = func(ctx context.Context) {
 			start := time.Now()
 			select {
@@ -386,7 +387,7 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 			case <-ctx.Done():
 				return
 			}
-			during, duringErr = floorAgentCPU(floor, floorAddr, herdProbeJoins, herdFloorWidth)
+			during, duringErr = floorAgentCPU(probeDir, floor, floorAddr, floorToken, herdProbeJoins, herdFloorWidth)
 			duringAt = [2]time.Duration{herdProbeAfter, time.Since(start)}
 			duringWhole = ctx.Err() == nil
 		}
@@ -402,7 +403,7 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 		b.Fatalf("the herd ended within %s, before the floor was measured during it", herdProbeAfter)
 	}
 	r.floorDuring, r.floorDuringAt, r.floorDuringWhole = during, duringAt, duringWhole
-	after, err := floorAgentCPU(floor, floorAddr, herdFloorJoins, herdFloorWidth)
+	after, err := floorAgentCPU(b.TempDir(), floor, floorAddr, floorToken, herdFloorJoins, herdFloorWidth)
 	if err != nil {
 		b.Fatalf("floor after the herd: %v", err)
 	}

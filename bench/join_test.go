@@ -72,26 +72,20 @@ func joins(b *testing.B, p *proc, secret string, n, width int) ([]time.Duration,
 	if err != nil {
 		b.Fatal(err)
 	}
-	return joinsAt(b, p.cmd.Process.Pid, p.endpoint, sec, n, width, false)
-}
-
-// joinsAt runs n joins of the real agent with sec against the server
-// process pid (a listener or a floor) at endpoint, width at a time; it
-// returns each latency and the server's CPU time over them. With
-// retryRefused a handshake the server refuses past its accept queue, as a
-// bare quic-go server does in a wide wave, is tried again; a listener's
-// joins get no second try.
-func joinsAt(b *testing.B, pid int, endpoint string, sec joincode.Secret, n, width int, retryRefused bool) ([]time.Duration, time.Duration) {
-	lat, used, err := inProcessJoins(b.TempDir(), pid, endpoint, sec, n, width, retryRefused)
+	lat, used, err := inProcessJoins(b.TempDir(), p.cmd.Process.Pid, p.endpoint, sec, n, width, false)
 	if err != nil {
 		b.Fatal(err)
 	}
 	return lat, used
 }
 
-// inProcessJoins is joinsAt for a goroutine other than the benchmark's: each
-// agent's state goes in its own directory under dir, and the first
-// failure is returned.
+// inProcessJoins runs n joins of the real agent with sec against the
+// server process pid (a listener or a floor) at endpoint, width at a time,
+// each agent's state in its own directory under dir; it returns each
+// latency, the server's CPU time over them and the first failure. With
+// retryRefused a handshake the server refuses past its accept queue, as a
+// bare quic-go server does in a wide wave, is tried again; a listener's
+// joins get no second try. For any goroutine.
 func inProcessJoins(dir string, pid int, endpoint string, sec joincode.Secret, n, width int, retryRefused bool) ([]time.Duration, time.Duration, error) {
 	// the node keys are made before the clock starts, as on a node
 	for i := range n {
@@ -136,16 +130,13 @@ func inProcessJoins(dir string, pid int, endpoint string, sec joincode.Secret, n
 	return lat, cpu(pid) - cpu0, first
 }
 
-// floorAgentCPU runs n joins of the real agent with a token, width at a
-// time, against the floor server floor listening at addr, and returns the
-// floor's CPU per join; for any goroutine.
-func floorAgentCPU(floor *exec.Cmd, addr string, n, width int) (time.Duration, error) {
-	dir, err := os.MkdirTemp("", "floor-agents")
-	if err != nil {
-		return 0, err
-	}
-	defer os.RemoveAll(dir)
-	_, used, err := inProcessJoins(dir, floor.Process.Pid, addr, floorToken, n, width, true)
+// floorAgentCPU runs n joins of the real agent with sec, width at a time,
+// against the floor server floor listening at addr, and returns the
+// floor's CPU per join; for any goroutine. The agents' state goes under
+// dir, which, like the listener's agents' state, stays until the
+// benchmark ends, so that no removal runs between measurements.
+func floorAgentCPU(dir string, floor *exec.Cmd, addr string, sec joincode.Secret, n, width int) (time.Duration, error) {
+	_, used, err := inProcessJoins(dir, floor.Process.Pid, addr, sec, n, width, true)
 	return used / time.Duration(n), err
 }
 
@@ -288,8 +279,11 @@ func BenchmarkJoinFigures(b *testing.B) {
 		per := count / blocks
 		floorSec := floorSecret(tc.token, tc.ksf)
 		agentFloor := func(srv *exec.Cmd, addr string) time.Duration {
-			_, used := joinsAt(b, srv.Process.Pid, addr, floorSec, per, tc.width, true)
-			return used / time.Duration(per)
+			d, err := floorAgentCPU(b.TempDir(), srv, addr, floorSec, per, tc.width)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return d
 		}
 		for range blocks {
 			fi := instantFloorCPU(b, floor, floorAddr, per, tc.width)
