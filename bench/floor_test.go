@@ -57,11 +57,12 @@ const floorTrustDomain = "floor.test"
 
 // The secrets the floor holds records for, besides the floor clients' own
 // "FL": the real agent joins the floor with the one of a case's kind and
-// KSF. Both sides are this test binary, so they are constants.
+// KSF. Both sides are this test binary, so they are constants (each code
+// with its check symbol).
 var (
 	floorToken   = mustParseSecret("bcjt_jt_" + strings.Repeat("f", 26) + "." + strings.Repeat("0", 32))
-	floorCode    = floorCodeFor("F1") // stretched with pake.LightestKSF
-	floorOldCode = floorCodeFor("F3") // stretched with pake.DefaultKSF
+	floorCode    = mustParseSecret("F100000000T") // stretched with pake.LightestKSF
+	floorOldCode = mustParseSecret("F300000000J") // stretched with pake.DefaultKSF
 )
 
 // floorSecret is the floor's secret of a case: a token, or a code with the
@@ -82,17 +83,6 @@ func mustParseSecret(s string) joincode.Secret {
 		panic(err)
 	}
 	return sec
-}
-
-// floorCodeFor is the code of selector whose other symbols are zeros, with
-// the check symbol that makes it valid.
-func floorCodeFor(selector string) joincode.Secret {
-	for _, c := range joincode.Crockford {
-		if sec, err := joincode.ParseCode(selector + strings.Repeat("0", joincode.CodeSymbols-joincode.SelectorLen) + string(c)); err == nil {
-			return sec
-		}
-	}
-	panic("no check symbol for " + selector)
 }
 
 // newFloorKit makes the floor's keys and certificates; the floor clients'
