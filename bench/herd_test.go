@@ -393,7 +393,7 @@ func herdTokens(b *testing.B, n, procs int, floor *exec.Cmd, floorAddr string, p
 			duringWhole = ctx.Err() == nil
 		}
 	}
-	r := runHerd(b, p, agents, side)
+	r := runHerd(b, p, agents, side, tokenHerdGOGC)
 	if r.failed != 0 {
 		b.Fatalf("herd: %d failures: %s", r.failed, strings.Join(r.firstFailures, "; "))
 	}
@@ -459,7 +459,7 @@ func herdCodes(b *testing.B, m, procs, perCode int, autoApprove bool) herdResult
 	if !autoApprove {
 		approver = func(ctx context.Context) { approveLoop(ctx, b, p, inventory, &approved) }
 	}
-	r := runHerd(b, p, agents, approver)
+	r := runHerd(b, p, agents, approver, 0)
 	over := 0
 	for _, id := range ids {
 		var c struct{ Uses, MaxUses, Registrations int }
@@ -483,20 +483,26 @@ func herdCodes(b *testing.B, m, procs, perCode int, autoApprove bool) herdResult
 // STRATUM_HERD_SERVE_ARGS adds serve flags, to compare settings.
 var herdServeArgs = append([]string{"--unproven-per-prefix=-1"}, strings.Fields(os.Getenv("STRATUM_HERD_SERVE_ARGS"))...)
 
-// herdGOGC is this process's GOGC while a herd runs. The in-process
-// machines share one heap, and its collector is work no machine of a fleet
-// does: a real `stratum-agent join` process ends before its heap reaches
-// the collector's first goal (the herd reports the collections the
-// processes make). At the default of 100 the collector took
-// 0.64-0.83 ms of an in-process join's 3.0-3.8 ms, on the listener's cores.
-// Held off entirely, faults on fresh memory cost as much as it saved; at
-// 400 the heap is still reused, and the collector runs a quarter as often.
-const herdGOGC = 400
+// tokenHerdGOGC is this process's GOGC while a herd of tokens runs. The
+// in-process machines share one heap, and its collector is work no machine
+// of a fleet does: a real `stratum-agent join` process ends before its heap
+// reaches the collector's first goal (the herd reports the collections the
+// processes make). At the default of 100 the collector took 0.64-0.83 ms of
+// an in-process token join's 3.0-3.8 ms, on the listener's cores; at 400 it
+// runs a quarter as often and the heap is still reused (its peak rose from
+// 431 to 918 MiB). Held off entirely, faults on fresh memory cost as much
+// as it saved. The code herds keep the default: each code join's KSF
+// allocates 8 MiB, and at 400 the heap grew to 4.9 GiB (1.4 GiB at 100)
+// of fresh memory, and a herd of 2,000 codes took 38 s instead of 29.
+const tokenHerdGOGC = 400
 
 // runHerd starts every agent at once and waits for all of them; side, if
-// set, runs beside them (the approval script) until they are done.
-func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Context)) herdResult {
-	defer debug.SetGCPercent(debug.SetGCPercent(herdGOGC))
+// set, runs beside them (the approval script) until they are done. gogc,
+// if not 0, is this process's GOGC meanwhile.
+func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Context), gogc int) herdResult {
+	if gogc != 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(gogc))
+	}
 	r := herdResult{n: len(agents), causes: map[string]int{}}
 	for _, a := range agents {
 		if a.process {
