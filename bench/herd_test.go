@@ -459,7 +459,7 @@ func herdCodes(b *testing.B, m, procs, perCode int, autoApprove bool) herdResult
 	if !autoApprove {
 		approver = func(ctx context.Context) { approveLoop(ctx, b, p, inventory, &approved) }
 	}
-	r := runHerd(b, p, agents, approver, 0)
+	r := runHerd(b, p, agents, approver, 0) // GOGC as it is (see tokenHerdGOGC)
 	over := 0
 	for _, id := range ids {
 		var c struct{ Uses, MaxUses, Registrations int }
