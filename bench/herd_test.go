@@ -84,6 +84,7 @@ type herdResult struct {
 	listenerCPU              time.Duration
 	inProcCPU, procCPU       time.Duration // the agents' CPU, by kind
 	inProcGC                 time.Duration // of inProcCPU, this process's garbage collector
+	gogc                     int           // this process's GOGC during the herd, 0 if left as it was
 	inProcAlloc              uint64        // bytes this process allocated during the herd
 	procGCs                  int64         // collections the real agent processes made, all together
 	peakJoining              int64         // the most machines with a join under way at once
@@ -144,8 +145,12 @@ func (r herdResult) inProcNote() string {
 	if m <= 0 {
 		return "none in-process"
 	}
-	return fmt.Sprintf("%s in-process (%s of it collecting this process's garbage, %d KiB allocated a join)",
-		ms(r.inProcCPU/time.Duration(m)), ms(r.inProcGC/time.Duration(m)), r.inProcAlloc/1024/uint64(m))
+	gogc := "as it was"
+	if r.gogc != 0 {
+		gogc = strconv.Itoa(r.gogc)
+	}
+	return fmt.Sprintf("%s in-process (%s of it collecting this process's garbage at GOGC %s, %d KiB allocated a join)",
+		ms(r.inProcCPU/time.Duration(m)), ms(r.inProcGC/time.Duration(m)), gogc, r.inProcAlloc/1024/uint64(m))
 }
 
 // procNote gives what the real agent processes cost a join, if there
@@ -503,7 +508,7 @@ func runHerd(b *testing.B, p *proc, agents []herdAgent, side func(context.Contex
 	if gogc != 0 {
 		defer debug.SetGCPercent(debug.SetGCPercent(gogc))
 	}
-	r := herdResult{n: len(agents), causes: map[string]int{}}
+	r := herdResult{n: len(agents), gogc: gogc, causes: map[string]int{}}
 	for _, a := range agents {
 		if a.process {
 			r.procs++
