@@ -101,6 +101,46 @@ func TestReleasePagesAfterWrites(t *testing.T) {
 	}
 }
 
+// TestReleasePagesEvery: a store opened with ReleasePagesEvery hands the
+// pages back in the read or transaction that completes the count, and not
+// before, with no timer involved.
+func TestReleasePagesEvery(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	ctx := context.Background()
+	value := bytes.Repeat([]byte{7}, 600)
+	writeValues(t, path, func(int, int) []byte { return value })
+	s, err := boltstore.Open(path, boltstore.Options{ReleasePagesEvery: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mapped := func() int { t.Helper(); return mappedKiB(t, path) }
+	get := func() {
+		t.Helper()
+		if kv, err := s.Get(ctx, "node/039-099"); err != nil || !bytes.Equal(kv.Value, value) {
+			t.Fatalf("read node/039-099: %v", err)
+		}
+	}
+	if got, err := s.List(ctx, "node/", "", 0); err != nil || len(got) != 4000 { // the first
+		t.Fatalf("listed %d values: %v", len(got), err)
+	}
+	read := mapped()
+	if read < 1024 {
+		t.Fatalf("only %d KiB of the store resident after reading 2.4 MB of values", read)
+	}
+	get() // the second
+	if now := mapped(); now < read/2 {
+		t.Fatalf("%d KiB of the store resident after the second read, %d after the first: released early", now, read)
+	}
+	if _, err := s.Txn(ctx, nil, []store.Op{{Key: "last", Value: []byte("x")}}); err != nil { // the third
+		t.Fatal(err)
+	}
+	if now := mapped(); now > read/10 {
+		t.Fatalf("%d KiB of the store still resident after the third call, %d after the first", now, read)
+	}
+	get()
+}
+
 // writeValues writes 4,000 values (node/BBB-III, value(batch, i)) to a
 // store file at path, 40 transactions of 100, and closes it. The store
 // that writes them releases no pages, so a store opened on the file next
