@@ -123,12 +123,14 @@ const DefaultReleasePagesAfter = 100 * time.Millisecond
 
 // DefaultReleasePagesEvery is the listener's ReleasePagesEvery. A join
 // makes about six reads and transactions, and under a herd they take some
-// five page faults in the store's mapping, each mapping 64 KiB. In single 10,000-token herds
-// (two rounds, interleaved), the store's pages at the listener's peak were
-// 33 MiB with the timer alone, 15-22 MiB with a release every 32 reads
-// and 9-11 MiB every 8, with no change in the listener's CPU per join;
-// sequential joins cost the same too.
-const DefaultReleasePagesEvery = 8
+// five page faults in the store's mapping, each mapping 64 KiB. In single
+// 10,000-token herds (two rounds, interleaved), the store's pages at the
+// listener's peak were 33 MiB with the timer alone, 15-22 MiB with a
+// release every 32 calls and 9-11 MiB every 8, with no change in the
+// listener's CPU per join. But sequential token joins in bursts of 50 cost
+// 2 % more at 8 (3.13 against 3.07 ms, medians of 5 interleaved runs of
+// 200), and nothing measurable at 32 (3.27 against 3.35 ms).
+const DefaultReleasePagesEvery = 32
 
 // Store is a store.Store on one bbolt file.
 type Store struct {
