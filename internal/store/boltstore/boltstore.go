@@ -125,7 +125,7 @@ const DefaultReleasePagesAfter = 100 * time.Millisecond
 // makes about six reads and transactions, and under a herd they take some
 // five page faults in the store's mapping, each mapping 64 KiB. In single
 // 10,000-token herds (two rounds, interleaved), the store's pages at the
-// listener's peak were 33 MiB with the timer alone, 15-22 MiB with a
+// listener's peak were 33 MiB with the timer alone, 14-21 MiB with a
 // release every 32 calls and 9-11 MiB every 8, with no change in the
 // listener's CPU per join. But sequential token joins in bursts of 50 cost
 // 2 % more at 8 (3.13 against 3.07 ms, medians of 5 interleaved runs of
