@@ -95,10 +95,17 @@ type Options struct {
 	// URL's opener sets DefaultReleasePagesAfter.
 	ReleasePagesAfter time.Duration
 	// ReleasePagesEvery, when positive, also hands them back after every
-	// that many reads and transactions, in the call that completes the
-	// count: under a steady load the timer's goroutine, or the commit that
-	// would wake it, can be tens of milliseconds late, while reads go on
-	// mapping pages. The store URL's opener sets DefaultReleasePagesEvery.
+	// that many reads and transactions while writes come concurrently (the
+	// last commit was shared), in the call that completes the count: under
+	// such a load the timer's goroutine, or the commit that would wake it,
+	// can be tens of milliseconds late, while reads go on mapping pages.
+	// One writer at a time leaves the releases to the timer: each release
+	// makes the next reads fault the pages they need in again, and how
+	// often a read finds its page released would otherwise follow which
+	// pages the calls around it touch: a difference in the Challenge's
+	// timing between kinds of locator, which it must not show
+	// (BenchmarkChallengeTiming, docs/store.md). The store URL's opener
+	// sets DefaultReleasePagesEvery.
 	ReleasePagesEvery int
 	// CommitLinger, when positive, is how long a commit may wait for more
 	// writers to share it while writes come concurrently (group.go). The
@@ -129,7 +136,9 @@ const DefaultReleasePagesAfter = 100 * time.Millisecond
 // release every 32 calls and 9-11 MiB every 8, with no change in the
 // listener's CPU per join. But sequential token joins in bursts of 50 cost
 // 2 % more at 8 (3.13 against 3.07 ms, medians of 5 interleaved runs of
-// 200), and nothing measurable at 32 (3.27 against 3.35 ms).
+// 200), and nothing measurable at 32 (3.27 against 3.35 ms). The count
+// applies only while commits are shared (Options.ReleasePagesEvery), as
+// a herd's are.
 const DefaultReleasePagesEvery = 32
 
 // Store is a store.Store on one bbolt file.
@@ -148,9 +157,11 @@ type Store struct {
 	stopOnce    sync.Once
 	released    chan struct{}
 	// touches counts reads and transactions toward the next release
-	// (ReleasePagesEvery).
+	// (ReleasePagesEvery), which is made only while shared says the last
+	// commit was shared.
 	touches      atomic.Int64
 	releaseEvery int64
+	shared       atomic.Bool
 }
 
 var (
@@ -246,9 +257,9 @@ func (s *Store) releasePagesAfterWrites(after time.Duration) {
 }
 
 // touched counts a read or a transaction, and hands the mapped pages back
-// on every releaseEvery-th.
+// on every releaseEvery-th while commits are shared.
 func (s *Store) touched() {
-	if s.releaseEvery > 0 && s.touches.Add(1)%s.releaseEvery == 0 {
+	if s.releaseEvery > 0 && s.touches.Add(1)%s.releaseEvery == 0 && s.shared.Load() {
 		_ = s.ReleasePages() // fails only on a closed file, or a damaged one the next read reports
 	}
 }

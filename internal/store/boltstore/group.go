@@ -93,6 +93,7 @@ func (s *Store) write(fn func(*bolt.Tx) error, waitedOn bool) error {
 		company = company || len(calls) > 1 || len(g.queue) > 0
 	}
 	g.company = company
+	s.shared.Store(company)
 	g.running = false
 	g.mu.Unlock()
 	return <-c.done
