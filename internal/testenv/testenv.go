@@ -13,7 +13,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -77,7 +80,11 @@ func FreeTCP(t testing.TB) string {
 func freePort(t testing.TB, network string, bind func(addr string) (io.Closer, error)) string {
 	t.Helper()
 	for range 1000 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+mrand.IntN(12000))
+		port := 20000 + mrand.IntN(12000)
+		if !reserve(network, port) {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		c, err := bind(addr)
 		if err != nil {
 			continue
@@ -87,4 +94,44 @@ func freePort(t testing.TB, network string, bind func(addr string) (io.Closer, e
 	}
 	t.Fatalf("no free %s port in 20000-31999", strings.ToUpper(network))
 	return ""
+}
+
+// A port handed out is given back before the process that asked for it
+// binds it, and until then another call could be handed it too: a second
+// member of the same etcd cluster, or a test process running beside this
+// one. reserve keeps each port to one caller: this process never hands a
+// port out twice, and each port it hands out stays locked (flock on a file
+// under portLocks) until it exits, so other test processes skip it.
+var (
+	reservedMu sync.Mutex
+	reserved   = map[string]*os.File{}
+)
+
+// portLocks is the directory of the ports' lock files, shared by every
+// test process on the machine.
+var portLocks = filepath.Join(os.TempDir(), "stratum-test-ports")
+
+// reserve claims network's port for this process, reporting false when
+// this process or another holds it already. Where the lock file cannot be
+// made (another user's directory, no descriptors left), the claim holds in
+// this process only.
+func reserve(network string, port int) bool {
+	reservedMu.Lock()
+	defer reservedMu.Unlock()
+	key := fmt.Sprintf("%s-%d", network, port)
+	if _, ok := reserved[key]; ok {
+		return false
+	}
+	var lock *os.File
+	if err := os.MkdirAll(portLocks, 0o700); err == nil {
+		if f, err := os.OpenFile(filepath.Join(portLocks, key), os.O_CREATE|os.O_RDWR, 0o600); err == nil {
+			if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+				f.Close()
+				return false
+			}
+			lock = f
+		}
+	}
+	reserved[key] = lock
+	return true
 }
