@@ -136,9 +136,9 @@ const DefaultReleasePagesAfter = 100 * time.Millisecond
 // release every 32 calls and 9-11 MiB every 8, with no change in the
 // listener's CPU per join. But sequential token joins in bursts of 50 cost
 // 2 % more at 8 (3.13 against 3.07 ms, medians of 5 interleaved runs of
-// 200), and nothing measurable at 32 (3.27 against 3.35 ms). The count
-// applies only while commits are shared (Options.ReleasePagesEvery), as
-// a herd's are.
+// 200), and nothing measurable at 32 (3.27 against 3.35 ms); both before
+// the count was limited to shared commits (Options.ReleasePagesEvery), as
+// a herd's are, which leaves sequential joins to the timer.
 const DefaultReleasePagesEvery = 32
 
 // Store is a store.Store on one bbolt file.
@@ -157,11 +157,10 @@ type Store struct {
 	stopOnce    sync.Once
 	released    chan struct{}
 	// touches counts reads and transactions toward the next release
-	// (ReleasePagesEvery), which is made only while shared says the last
-	// commit was shared.
+	// (ReleasePagesEvery), which is made only while group.company says
+	// the last commit was shared.
 	touches      atomic.Int64
 	releaseEvery int64
-	shared       atomic.Bool
 }
 
 var (
@@ -259,7 +258,7 @@ func (s *Store) releasePagesAfterWrites(after time.Duration) {
 // touched counts a read or a transaction, and hands the mapped pages back
 // on every releaseEvery-th while commits are shared.
 func (s *Store) touched() {
-	if s.releaseEvery > 0 && s.touches.Add(1)%s.releaseEvery == 0 && s.shared.Load() {
+	if s.releaseEvery > 0 && s.touches.Add(1)%s.releaseEvery == 0 && s.group.company.Load() {
 		_ = s.ReleasePages() // fails only on a closed file, or a damaged one the next read reports
 	}
 }

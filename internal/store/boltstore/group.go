@@ -3,6 +3,7 @@ package boltstore
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -24,10 +25,11 @@ type groupCommit struct {
 	queue   []*groupCall
 	commits int // write transactions run, for tests
 	// linger is how long a commit may wait for company (0: never);
-	// company says whether the last commit had any, and lingering is
-	// closed to end a wait early once maxGroup writers wait.
+	// company says whether the last commit had any (written under mu,
+	// read without it by the store's page releases too), and lingering
+	// is closed to end a wait early once maxGroup writers wait.
 	linger    time.Duration
-	company   bool
+	company   atomic.Bool
 	lingering chan struct{}
 }
 
@@ -70,7 +72,7 @@ func (s *Store) write(fn func(*bolt.Tx) error, waitedOn bool) error {
 		return <-c.done
 	}
 	g.running = true
-	if g.linger > 0 && g.company && !waitedOn {
+	if g.linger > 0 && g.company.Load() && !waitedOn {
 		ended := make(chan struct{})
 		g.lingering = ended
 		g.mu.Unlock()
@@ -92,8 +94,7 @@ func (s *Store) write(fn func(*bolt.Tx) error, waitedOn bool) error {
 		g.mu.Lock()
 		company = company || len(calls) > 1 || len(g.queue) > 0
 	}
-	g.company = company
-	s.shared.Store(company)
+	g.company.Store(company)
 	g.running = false
 	g.mu.Unlock()
 	return <-c.done
