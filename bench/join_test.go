@@ -204,7 +204,9 @@ func isRefused(err error) bool {
 // BenchmarkJoinFigures logs join latency with the default and the
 // lightest Argon2id parameters and with a join token, and the listener's
 // CPU per join next to the floor measured in the same run, for sequential
-// joins and for a wave of joins at once.
+// joins and for a wave of joins at once. Beside each sequential case runs
+// the same listener with its store on tmpfs, which splits the listener's
+// cost over the floor into the disk's part and its own.
 func BenchmarkJoinFigures(b *testing.B) {
 	const n, wave, width = 200, 400, 32
 	// every agent here comes from 127.0.0.1, so above 20 joins/s each
@@ -258,19 +260,35 @@ func BenchmarkJoinFigures(b *testing.B) {
 		if !tc.token {
 			initArgs = []string{"--code-ksf", fmt.Sprintf("%d,%d,%d", tc.ksf.Time, tc.ksf.MemoryKiB, tc.ksf.Threads)}
 		}
+		mint := func(p *proc) string {
+			if tc.token {
+				return p.mintToken(b, 10000, "bench-figures")
+			}
+			return p.mint(b, "--max-uses", "0", "--ttl", "1h")
+		}
 		p := startListenerInit(b, initArgs, tc.serve...)
-		var secret string
-		if tc.token {
-			secret = p.mintToken(b, 10000, "bench-figures")
-		} else {
-			secret = p.mint(b, "--max-uses", "0", "--ttl", "1h")
+		secret := mint(p)
+		// Beside a sequential case, the same listener with its store in
+		// memory (tmpfs), where its page writes and fdatasyncs reach no
+		// disk: what it saves is what the disk costs the listener, the
+		// flushes of its commits above all, and the rest of its cost over
+		// the floor is its own.
+		var inMemory *proc
+		var inMemorySecret string
+		if tc.width == 1 {
+			dir, err := memoryDir(b)
+			if err != nil {
+				b.Fatal(err)
+			}
+			inMemory = startListenerIn(b, dir, initArgs, tc.serve...)
+			inMemorySecret = mint(inMemory)
 		}
 		count := n
 		if tc.width > 1 {
 			count = wave
 		}
 		var lat []time.Duration
-		var used, floorUsed, instantUsed, durableUsed, storeUsed time.Duration
+		var used, floorUsed, instantUsed, durableUsed, storeUsed, inMemoryUsed time.Duration
 		var blockRatios []float64
 		durable, durableAddr, stored, storedAddr, writes := durableCode, durableCodeAddr, storeCode, storeCodeAddr, 2
 		if tc.token {
@@ -292,14 +310,23 @@ func BenchmarkJoinFigures(b *testing.B) {
 			st := agentFloor(stored, storedAddr)
 			l, u := joins(b, p, secret, per, tc.width)
 			lat, used = append(lat, l...), used+u
+			if inMemory != nil {
+				_, m := joins(b, inMemory, inMemorySecret, per, tc.width)
+				inMemoryUsed += m
+			}
 			floorUsed, instantUsed, durableUsed, storeUsed = floorUsed+f, instantUsed+fi, durableUsed+d, storeUsed+st
 			blockRatios = append(blockRatios, float64(u)/float64(per)/float64(f))
 		}
 		sort.Float64s(blockRatios)
 		listenerPer := used / time.Duration(count)
 		ratio := func(floor time.Duration) float64 { return float64(listenerPer) / float64(floor/blocks) }
-		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its %d durable writes %s, %.2fx it; floor with them as the listener's bbolt transactions %s, %.2fx it; floor with an instant client rather than the agent %s, %.2fx it",
+		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its durable writes (%d) %s, %.2fx it; floor with them as the listener's bbolt transactions %s, %.2fx it; floor with an instant client rather than the agent %s, %.2fx it",
 			ms(listenerPer), ms(floorUsed/blocks), ratio(floorUsed), blockRatios[0], blockRatios[len(blockRatios)-1], writes, ms(durableUsed/blocks), ratio(durableUsed), ms(storeUsed/blocks), ratio(storeUsed), ms(instantUsed/blocks), ratio(instantUsed))
+		if inMemory != nil {
+			inMemoryPer := inMemoryUsed / time.Duration(count)
+			figures += fmt.Sprintf("; the listener with its store in memory %s, %.2fx the floor, so the disk under its store takes %.2fx",
+				ms(inMemoryPer), float64(inMemoryPer)/float64(floorUsed/blocks), float64(listenerPer-inMemoryPer)/float64(floorUsed/blocks))
+		}
 		if tc.token {
 			b.Logf("%s: %d joins: p50 %s, p99 %s; %s", tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), figures)
 			continue

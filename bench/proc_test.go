@@ -97,9 +97,16 @@ func startListener(b *testing.B, light bool, serveArgs ...string) *proc {
 // startListenerInit is startListener with init flags of its own.
 func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *proc {
 	b.Helper()
+	return startListenerIn(b, b.TempDir(), initArgs, serveArgs...)
+}
+
+// startListenerIn is startListenerInit with its data directory, store
+// included, under dir.
+func startListenerIn(b *testing.B, dir string, initArgs []string, serveArgs ...string) *proc {
+	b.Helper()
 	sockDir, _ := os.MkdirTemp("/tmp", "sjb")
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
-	p := &proc{data: filepath.Join(b.TempDir(), "l"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: testenv.FreeUDP(b)}
+	p := &proc{data: filepath.Join(dir, "l"), sock: filepath.Join(sockDir, "admin.sock"), endpoint: testenv.FreeUDP(b)}
 	args := append([]string{"init", "--data", p.data, "--endpoint", p.endpoint}, initArgs...)
 	if out, err := exec.Command(filepath.Join(binDir, "stratum-listener"), args...).CombinedOutput(); err != nil {
 		b.Fatalf("init: %v %s", err, out)
@@ -140,6 +147,24 @@ func startListenerInit(b *testing.B, initArgs []string, serveArgs ...string) *pr
 	}
 	b.Fatal("listener did not start")
 	return nil
+}
+
+// memoryDir makes a directory on tmpfs (/dev/shm), removed when the
+// benchmark ends: an fdatasync of a file there has no disk to flush.
+func memoryDir(b *testing.B) (string, error) {
+	dir, err := os.MkdirTemp("/dev/shm", "sjb")
+	if err != nil {
+		return "", fmt.Errorf("a directory in memory: %w", err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return "", fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		return "", fmt.Errorf("%s is not on tmpfs (filesystem type %#x)", dir, fs.Type)
+	}
+	return dir, nil
 }
 
 // tailLines is the last n lines of the file at path.
