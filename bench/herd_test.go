@@ -844,12 +844,8 @@ func herdDial(src net.IP) func(context.Context, string, *tls.Config, *quic.Confi
 // there is one (their fsyncs are then free: BenchmarkJoinDurableWrites
 // counts and costs them), and the listener's store stays on disk.
 func machinesDir(b *testing.B) string {
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		dir, err := os.MkdirTemp("/dev/shm", "stratum-herd-")
-		if err == nil {
-			b.Cleanup(func() { os.RemoveAll(dir) })
-			return dir
-		}
+	if dir, err := memoryDir(b); err == nil {
+		return dir
 	}
 	return b.TempDir()
 }

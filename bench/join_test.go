@@ -318,14 +318,14 @@ func BenchmarkJoinFigures(b *testing.B) {
 			blockRatios = append(blockRatios, float64(u)/float64(per)/float64(f))
 		}
 		sort.Float64s(blockRatios)
-		listenerPer := used / time.Duration(count)
+		listenerPer, floorPer := used/time.Duration(count), floorUsed/blocks
 		ratio := func(floor time.Duration) float64 { return float64(listenerPer) / float64(floor/blocks) }
 		figures := fmt.Sprintf("listener CPU %s per join; floor %s, %.2fx it (blocks %.2fx to %.2fx); floor with its durable writes (%d) %s, %.2fx it; floor with them as the listener's bbolt transactions %s, %.2fx it; floor with an instant client rather than the agent %s, %.2fx it",
-			ms(listenerPer), ms(floorUsed/blocks), ratio(floorUsed), blockRatios[0], blockRatios[len(blockRatios)-1], writes, ms(durableUsed/blocks), ratio(durableUsed), ms(storeUsed/blocks), ratio(storeUsed), ms(instantUsed/blocks), ratio(instantUsed))
+			ms(listenerPer), ms(floorPer), ratio(floorUsed), blockRatios[0], blockRatios[len(blockRatios)-1], writes, ms(durableUsed/blocks), ratio(durableUsed), ms(storeUsed/blocks), ratio(storeUsed), ms(instantUsed/blocks), ratio(instantUsed))
 		if inMemory != nil {
 			inMemoryPer := inMemoryUsed / time.Duration(count)
 			figures += fmt.Sprintf("; the listener with its store in memory %s, %.2fx the floor, so the disk under its store takes %.2fx",
-				ms(inMemoryPer), float64(inMemoryPer)/float64(floorUsed/blocks), float64(listenerPer-inMemoryPer)/float64(floorUsed/blocks))
+				ms(inMemoryPer), float64(inMemoryPer)/float64(floorPer), float64(listenerPer-inMemoryPer)/float64(floorPer))
 		}
 		if tc.token {
 			b.Logf("%s: %d joins: p50 %s, p99 %s; %s", tc.name, count, ms(percentile(lat, .5)), ms(percentile(lat, .99)), figures)
